@@ -1,0 +1,19 @@
+// keel/csrc/bindings.cpp
+// Every schema of the `keel` op namespace, in one place. Implementations register
+// per dispatch key next to their code (csrc/ops/<op>.cpp): CPU in _C, CUDA in _C_cuda.
+#include "stable/library.h"
+
+KEEL_LIBRARY(m) {
+  // a * b + c elementwise in one pass; same shape and dtype, contiguous result.
+  m.def("fused_muladd(Tensor a, Tensor b, float c) -> Tensor");
+  // x / sqrt(mean(x^2, -1) + eps) * weight over the last dim; new contiguous tensor.
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  // residual += x; x = rms_norm(residual, weight, eps); both updated in place.
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  // Rotates q and k in place by cos_sin_cache[positions] (NeoX halves or GPT-J pairs).
+  m.def(
+      "rotary_embedding(Tensor positions, Tensor(a!) q, Tensor(b!) k, int head_size, "
+      "Tensor cos_sin_cache, bool is_neox) -> ()");
+  // silu(x[..., :d]) * x[..., d:] for x of last dim 2d; new contiguous tensor.
+  m.def("silu_and_mul(Tensor x) -> Tensor");
+}

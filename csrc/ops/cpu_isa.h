@@ -1,0 +1,34 @@
+// keel/csrc/ops/cpu_isa.h
+// CPU kernels (csrc/ops/*_cpu.cpp) are compiled twice: baseline x86-64 and AVX2+FMA+F16C.
+// Each kernel file defines its row functions inside KEEL_CPU_NS; the op wrapper asks
+// keel::cpu_has_avx2() once and calls the matching namespace.
+#pragma once
+
+#ifndef KEEL_CPU_NS
+#define KEEL_CPU_NS cpu_base
+#endif
+
+namespace keel {
+
+// True when this CPU runs the AVX2 build of the kernels (AVX2, FMA and F16C present).
+bool cpu_has_avx2();
+
+// Declares `fn(params, begin, end)` in both ISA namespaces plus a dispatcher keel::cpu::fn.
+#define KEEL_DECLARE_CPU_KERNEL(fn, Params)                                  \
+  namespace cpu_base {                                                       \
+  void fn(const Params& p, int64_t begin, int64_t end);                      \
+  }                                                                          \
+  namespace cpu_avx2 {                                                       \
+  void fn(const Params& p, int64_t begin, int64_t end);                      \
+  }                                                                          \
+  namespace cpu {                                                            \
+  inline void fn(const Params& p, int64_t begin, int64_t end) {              \
+    if (cpu_has_avx2()) {                                                    \
+      cpu_avx2::fn(p, begin, end);                                           \
+    } else {                                                                 \
+      cpu_base::fn(p, begin, end);                                           \
+    }                                                                        \
+  }                                                                          \
+  }
+
+}  // namespace keel

@@ -1,0 +1,69 @@
+// keel/csrc/ops/cuda_common.cuh
+// Device-side helpers for keel's CUDA launchers: dtype mapping, float load/store,
+// block reduction, launch error check. CUDA headers only, no torch header.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "stable/kernel_types.h"
+
+namespace keel::cuda {
+
+__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
+
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  T t;
+  store(&t, v);
+  return load(&t);
+}
+
+// Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float warp_sums[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = (threadIdx.x < nwarps) ? warp_sums[threadIdx.x] : 0.f;
+  if (warp == 0) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) warp_sums[0] = v;
+  }
+  __syncthreads();
+  const float total = warp_sums[0];
+  __syncthreads();
+  return total;
+}
+
+// Throws with the op's name when the launch failed.
+inline void check_launch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string(op) + ": CUDA launch failed: " + cudaGetErrorString(err));
+  }
+}
+
+// Calls f.template operator()<T>() with T the CUDA type of `dt`.
+template <typename F>
+inline void dispatch_float(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kFloat32: f(float{}); break;
+    case DType::kBFloat16: f(__nv_bfloat16{}); break;
+    case DType::kFloat16: f(__half{}); break;
+  }
+}
+
+}  // namespace keel::cuda

@@ -1,0 +1,46 @@
+// keel/csrc/ops/rms_norm.cu
+// CUDA launcher of keel::rms_norm and keel::fused_add_rms_norm (no torch header).
+// One block per row; same rounding order as the CPU kernel.
+#include "ops/cuda_common.cuh"
+#include "ops/rms_norm.h"
+
+namespace keel {
+namespace {
+
+template <typename T>
+__global__ void rms_norm_kernel(RmsNormParams p) {
+  const int64_t r = blockIdx.x;
+  const T* x = static_cast<const T*>(p.x) + row_offset(p.x_rows, r);
+  T* out = static_cast<T*>(p.out) + row_offset(p.out_rows, r);
+  T* res = p.residual ? static_cast<T*>(p.residual) + row_offset(p.res_rows, r) : nullptr;
+  const T* w = static_cast<const T*>(p.weight);
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+    float v = cuda::load(x + i * p.x_col);
+    if (res) {
+      T* ri = res + i * p.res_col;
+      v = cuda::round_to<T>(v + cuda::load(ri));
+      cuda::store(ri, v);
+    }
+    ss += v * v;
+  }
+  const float inv = rsqrtf(cuda::block_sum(ss) / static_cast<float>(p.hidden) + p.eps);
+  for (int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+    // the fused op re-reads its own (already rounded) residual write
+    const float v = res ? cuda::load(res + i * p.res_col) : cuda::load(x + i * p.x_col);
+    cuda::store(out + i * p.out_col, cuda::round_to<T>(v * inv) * cuda::load(w + i * p.w_col));
+  }
+}
+
+}  // namespace
+
+void rms_norm_cuda(const RmsNormParams& p, void* stream) {
+  const int threads = p.hidden >= 1024 ? 1024 : (p.hidden >= 256 ? 256 : 128);
+  cuda::dispatch_float(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T><<<static_cast<unsigned>(p.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  });
+  cuda::check_launch(p.residual ? "keel::fused_add_rms_norm" : "keel::rms_norm");
+}
+
+}  // namespace keel

@@ -1,0 +1,56 @@
+// keel/csrc/ops/rotary_embedding.cu
+// CUDA launcher of keel::rotary_embedding (no torch header). One block per token.
+#include "ops/cuda_common.cuh"
+#include "ops/rotary_embedding.h"
+
+namespace keel {
+namespace {
+
+template <typename T, typename C>
+__device__ void rotate(const RotaryTensor& t, int64_t token, const C* cos, const C* sin, int64_t cs,
+                       int64_t half, bool neox) {
+  T* base = static_cast<T*>(t.data) + row_offset(t.tokens, token);
+  for (int64_t j = threadIdx.x; j < t.num_heads * half; j += blockDim.x) {
+    const int64_t h = j / half;
+    const int64_t i = j - h * half;
+    T* x = base + h * t.head_stride;
+    const int64_t i1 = neox ? i : 2 * i;
+    const int64_t i2 = neox ? i + half : 2 * i + 1;
+    const float c = cuda::load(cos + i * cs);
+    const float s = cuda::load(sin + i * cs);
+    const float x1 = cuda::load(x + i1 * t.elem_stride);
+    const float x2 = cuda::load(x + i2 * t.elem_stride);
+    cuda::store(x + i1 * t.elem_stride, x1 * c - x2 * s);
+    cuda::store(x + i2 * t.elem_stride, x2 * c + x1 * s);
+  }
+}
+
+template <typename T, typename C>
+__global__ void rotary_kernel(RotaryParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t pos = p.positions[row_offset(p.pos_rows, t)];
+  const int64_t half = p.rot_dim / 2;
+  const C* cos = static_cast<const C*>(p.cache) + pos * p.cache_row_stride;
+  const C* sin = cos + half * p.cache_col_stride;
+  rotate<T, C>(p.q, t, cos, sin, p.cache_col_stride, half, p.is_neox);
+  rotate<T, C>(p.k, t, cos, sin, p.cache_col_stride, half, p.is_neox);
+}
+
+}  // namespace
+
+void rotary_embedding_cuda(const RotaryParams& p, void* stream) {
+  const int threads = 128;
+  cuda::dispatch_float(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto s = static_cast<cudaStream_t>(stream);
+    const auto blocks = static_cast<unsigned>(p.num_tokens);
+    if (p.cache_dtype == DType::kFloat32) {
+      rotary_kernel<T, float><<<blocks, threads, 0, s>>>(p);
+    } else {
+      rotary_kernel<T, T><<<blocks, threads, 0, s>>>(p);
+    }
+  });
+  cuda::check_launch("keel::rotary_embedding");
+}
+
+}  // namespace keel

@@ -1,0 +1,32 @@
+// keel/csrc/ops/silu_and_mul.cu
+// CUDA launcher of keel::silu_and_mul (no torch header).
+#include "ops/cuda_common.cuh"
+#include "ops/silu_and_mul.h"
+
+namespace keel {
+namespace {
+
+template <typename T>
+__global__ void silu_and_mul_kernel(SiluAndMulParams p) {
+  const int64_t r = blockIdx.x;
+  const T* x = static_cast<const T*>(p.x) + row_offset(p.x_rows, r);
+  T* out = static_cast<T*>(p.out) + r * p.d;
+  for (int64_t i = threadIdx.x; i < p.d; i += blockDim.x) {
+    const float g = cuda::load(x + i * p.x_col);
+    const float u = cuda::load(x + (p.d + i) * p.x_col);
+    cuda::store(out + i, cuda::round_to<T>(g / (1.0f + expf(-g))) * u);
+  }
+}
+
+}  // namespace
+
+void silu_and_mul_cuda(const SiluAndMulParams& p, void* stream) {
+  const int threads = p.d >= 1024 ? 1024 : 256;
+  cuda::dispatch_float(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    silu_and_mul_kernel<T><<<static_cast<unsigned>(p.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  });
+  cuda::check_launch("keel::silu_and_mul");
+}
+
+}  // namespace keel

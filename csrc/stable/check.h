@@ -1,0 +1,81 @@
+// keel/csrc/stable/check.h
+// Argument checks whose messages name the op, the argument and what was expected:
+//   keel::rms_norm: weight must have 4096 elements, got 1024
+#pragma once
+
+#include <initializer_list>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "stable/tensor.h"
+
+namespace keel::detail {
+
+template <typename... Args>
+[[noreturn]] inline void fail(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  throw std::runtime_error(os.str());
+}
+
+}  // namespace keel::detail
+
+// KEEL_CHECK(cond, op, ": x must be ...", value) -> RuntimeError("keel::op: x must be ...")
+#ifndef KEEL_CHECK
+#define KEEL_CHECK(cond, ...)                     \
+  do {                                            \
+    if (__builtin_expect(!(cond), 0)) {           \
+      ::keel::detail::fail(__VA_ARGS__);          \
+    }                                             \
+  } while (0)
+#endif
+
+namespace keel {
+
+// dtype must be one of the floating types keel's kernels are built for.
+inline DType check_float_dtype(const char* op, const char* arg, const Tensor& t) {
+  switch (t.scalar_type()) {
+    case ScalarType::Float: return DType::kFloat32;
+    case ScalarType::BFloat16: return DType::kBFloat16;
+    case ScalarType::Half: return DType::kFloat16;
+    default:
+      detail::fail(op, ": ", arg, " must be float32, bfloat16 or float16, got ",
+                   scalar_type_name(t.scalar_type()));
+  }
+}
+
+inline void check_same_dtype(const char* op, const char* arg, const Tensor& t,
+                             const char* ref_arg, const Tensor& ref) {
+  KEEL_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", arg, " must have the dtype of ",
+             ref_arg, " (", scalar_type_name(ref.scalar_type()), "), got ",
+             scalar_type_name(t.scalar_type()));
+}
+
+inline void check_same_device(const char* op, const char* arg, const Tensor& t,
+                              const char* ref_arg, const Tensor& ref) {
+  const bool same = t.is_cpu() == ref.is_cpu() && t.is_cuda() == ref.is_cuda() &&
+                    (!t.is_cuda() || t.get_device_index() == ref.get_device_index());
+  KEEL_CHECK(same, op, ": ", arg, " must be on the device of ", ref_arg, " (", device_name(ref),
+             "), got ", device_name(t));
+}
+
+inline void check_dim(const char* op, const char* arg, const Tensor& t, int64_t dim) {
+  KEEL_CHECK(t.dim() == dim, op, ": ", arg, " must be ", dim, "-D, got ", t.dim(), "-D tensor of shape ",
+             shape_str(t));
+}
+
+inline void check_min_dim(const char* op, const char* arg, const Tensor& t, int64_t dim) {
+  KEEL_CHECK(t.dim() >= dim, op, ": ", arg, " must have at least ", dim, " dimension(s), got ",
+             t.dim(), "-D tensor of shape ", shape_str(t));
+}
+
+inline void check_same_shape(const char* op, const char* arg, const Tensor& t,
+                             const char* ref_arg, const Tensor& ref) {
+  bool same = t.dim() == ref.dim();
+  for (int64_t i = 0; same && i < t.dim(); ++i) same = t.size(i) == ref.size(i);
+  KEEL_CHECK(same, op, ": ", arg, " must have the shape of ", ref_arg, " ", shape_str(ref), ", got ",
+             shape_str(t));
+}
+
+}  // namespace keel

@@ -1,0 +1,31 @@
+"""keel: a small LLM inference engine whose compiled code uses only torch's stable ABI.
+
+Importing keel loads its native ops (`torch.ops.keel.*`); `keel.LLM` and
+`keel.SamplingParams` come from the engine, imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from keel import _native
+
+__version__ = "0.1.0"
+
+_native.load()
+
+from keel import ops  # noqa: E402  (registers fake impls and autograd after the libraries load)
+
+if TYPE_CHECKING:
+    from keel.engine import LLM, SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "ops", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # The engine pulls in tokenizers, safetensors and friends; only pay for it when used.
+    if name in ("LLM", "SamplingParams"):
+        from keel import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'keel' has no attribute {name!r}")

@@ -1,0 +1,103 @@
+"""Audit a whole input: read every ELF object, classify it, apply the gates, return a PackageAudit."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+
+from .classify import Context, classify
+from .elf import ElfFormatError, ElfInfo, read_elf
+from .errors import AuditInputError
+from .gates import package_findings
+from .inputs import Source, open_distribution, open_path, open_wheel
+from .models import INVALID, NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit, PackageAudit
+from .policy import load_policy
+from .table import cpython_table, shim_table
+from .versions import fmt, highest, minor, parse
+
+# (source, path in source, parsed ELF or the reason it is not one)
+_Loaded = tuple[Source, str, "ElfInfo | ElfFormatError"]
+
+
+def _open(arg: str, stack: ExitStack, tmp: Path) -> Source:
+    """Open one input argument as a wheel, directory, file or installed distribution."""
+    path = Path(arg)
+    if path.is_file() and zipfile.is_zipfile(path) and path.suffix in (".whl", ".zip"):
+        try:
+            zf = stack.enter_context(zipfile.ZipFile(path))
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise AuditInputError(f"{path}: not a readable wheel ({exc}); expected a zip archive") from None
+        return open_wheel(path, zf, tmp)
+    if path.suffix == ".whl" and path.is_file():
+        raise AuditInputError(f"{path}: not a zip archive; expected a wheel (.whl is a zip file)")
+    source = open_path(arg)
+    if source is not None:
+        return source
+    if os.sep in arg or arg.endswith((".whl", ".so")):
+        raise AuditInputError(f"{arg}: no such file or directory; expected a .whl, a directory or a .so file")
+    return open_distribution(arg)
+
+
+def _load(sources: list[Source]) -> list[_Loaded]:
+    """Parse every candidate; non-ELF files that are not named *.so are dropped silently."""
+    loaded: list[_Loaded] = []
+    for source in sources:
+        for cand in source.candidates:
+            try:
+                loaded.append((source, cand.path, read_elf(cand.load())))
+            except ElfFormatError as exc:
+                if cand.named_so:
+                    loaded.append((source, cand.path, exc))
+    return loaded
+
+
+def audit(paths: Sequence[str | os.PathLike], *, target_torch: str | None = None,
+          allow: Sequence[str] = (), require_stable: bool = False) -> PackageAudit:
+    """Audit wheels, directories, .so files or installed distributions as one package."""
+    if not paths:
+        raise AuditInputError("keel audit: no input; expected a .whl, a directory, .so files or a distribution name")
+    target = fmt(minor(parse(target_torch, "--target-torch"))) if target_torch else None
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keel-audit-")))
+        sources = [_open(os.fspath(p), stack, tmp) for p in paths]
+        loaded = _load(sources)
+    policy = load_policy()
+    exports = frozenset(s.name for _, _, info in loaded if isinstance(info, ElfInfo) for s in info.defined)
+    libraries: list[LibraryAudit] = []
+    findings: list[Finding] = []
+    by_source: dict[str, list[LibraryAudit]] = {}
+    for source, path, info in loaded:
+        label = path if len(sources) == 1 or source.kind == "file" else f"{Path(source.label).name}:{path}"
+        if isinstance(info, ElfFormatError):
+            lib = LibraryAudit(path=label, verdict=INVALID, error=str(info))
+            findings.append(Finding("invalid-elf", label, f"{info}; expected an ELF shared object"))
+        else:
+            abi3 = bool(source.tags) and all(t.split("-")[1] == "abi3" for t in source.tags)
+            ctx = Context(shim_table(), cpython_table(), policy, exports, abi3)
+            lib, lib_findings = classify(label, info, ctx)
+            if any(fnmatch.fnmatch(label, p) or fnmatch.fnmatch(Path(label).name, p) for p in allow):
+                lib = replace(lib, allowed=True)
+                lib_findings = [replace(f, fatal=False) if f.code in ("needed-torch-library", "unknown-shim")
+                                else f for f in lib_findings]
+            findings += lib_findings
+        libraries.append(lib)
+        by_source.setdefault(source.label, []).append(lib)
+    findings += package_findings(sources, by_source, target, tuple(allow), require_stable)
+    valid = [lib for lib in libraries if lib.verdict != INVALID]
+    verdicts = {lib.verdict for lib in valid}
+    verdict = UNSTABLE if UNSTABLE in verdicts else STABLE if STABLE in verdicts else NO_TORCH
+    return PackageAudit(
+        sources=tuple(s.label for s in sources),
+        tags=tuple(dict.fromkeys(t for s in sources for t in s.tags)),
+        libraries=tuple(libraries), findings=tuple(findings), verdict=verdict,
+        torch_floor=highest([lib.torch_floor for lib in valid if lib.torch_floor]),
+        python_floor=highest([lib.python_floor for lib in valid if lib.python_floor]),
+        glibc_max=highest([lib.glibc_max for lib in valid if lib.glibc_max]),
+        target_torch=target, require_stable=require_stable, allow=tuple(allow),
+    )

@@ -1,0 +1,90 @@
+"""Frozen results of an audit: findings, one LibraryAudit per ELF object, one PackageAudit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA = "keel-audit/1"
+STABLE, UNSTABLE, NO_TORCH, INVALID = "STABLE", "UNSTABLE", "NO-TORCH", "INVALID"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One reason the gate fails (fatal) or a note for the release manager (not fatal)."""
+
+    code: str
+    library: str | None
+    message: str
+    symbols: tuple[str, ...] = ()
+    fatal: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LibraryAudit:
+    """What one ELF shared object needs from torch, CPython and the platform."""
+
+    path: str
+    verdict: str
+    error: str | None = None
+    machine: str | None = None
+    needed: tuple[str, ...] = ()
+    runpath: tuple[str, ...] = ()
+    torch_floor: str | None = None
+    floor_symbols: tuple[str, ...] = ()
+    python_floor: str | None = None
+    abi3: bool = False
+    glibc_max: str | None = None
+    glibcxx_max: str | None = None
+    cxxabi_max: str | None = None
+    shim_symbols: tuple[tuple[str, str], ...] = ()
+    unknown_shim: tuple[str, ...] = ()
+    unstable_undefined: tuple[str, ...] = ()
+    unstable_exported: tuple[str, ...] = ()
+    cpython_limited: int = 0
+    cpython_nonlimited: tuple[str, ...] = ()
+    other: int = 0
+    allowed: bool = False
+
+    @property
+    def unstable_symbols(self) -> tuple[str, ...]:
+        """Every unstable reference: undefined ones, then exported/weak definitions."""
+        return self.unstable_undefined + self.unstable_exported
+
+
+@dataclass(frozen=True, slots=True)
+class PackageAudit:
+    """The audit of a whole input (wheel, directory, files); truthy when the gate passed."""
+
+    sources: tuple[str, ...]
+    tags: tuple[str, ...]
+    libraries: tuple[LibraryAudit, ...]
+    findings: tuple[Finding, ...]
+    verdict: str
+    torch_floor: str | None
+    python_floor: str | None
+    glibc_max: str | None
+    target_torch: str | None = None
+    require_stable: bool = False
+    allow: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        """0 pass, 1 gate failed, 2 could not audit (a library is not a readable ELF object)."""
+        if any(lib.verdict == INVALID for lib in self.libraries):
+            return 2
+        return 1 if any(f.fatal for f in self.findings) else 0
+
+    def __bool__(self) -> bool:
+        return self.exit_code == 0
+
+    def render(self) -> str:
+        """The readable table."""
+        from .render import render_table
+
+        return render_table(self)
+
+    def to_json(self) -> dict:
+        """The versioned JSON document (schema `keel-audit/1`)."""
+        from .render import to_json
+
+        return to_json(self)

@@ -1,0 +1,34 @@
+"""Version strings as the audit uses them: torch "X.Y", Python "X.Y", glibc "X.Y[.Z]"."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import AuditInputError
+
+Version = tuple[int, ...]
+
+_VERSION_RE = re.compile(r"^\d+(\.\d+)*$")
+
+
+def parse(text: str, what: str = "version") -> Version:
+    """Parse "2.10" or "2.10.0" into a tuple; raise AuditInputError naming `what` otherwise."""
+    text = text.strip()
+    if not _VERSION_RE.match(text):
+        raise AuditInputError(f"{what}: expected a version like 2.10, got {text!r}")
+    return tuple(int(p) for p in text.split("."))
+
+
+def minor(v: Version) -> Version:
+    """Truncate to (major, minor), padding with zero."""
+    return (v + (0, 0))[:2]
+
+
+def fmt(v: Version | None) -> str | None:
+    """Render a version tuple as dotted text (None stays None)."""
+    return None if v is None else ".".join(str(p) for p in v)
+
+
+def highest(values: list[str]) -> str | None:
+    """The highest of several dotted version strings, or None for an empty list."""
+    return max(values, key=lambda s: tuple(int(p) for p in s.split("."))) if values else None

@@ -1,0 +1,37 @@
+"""`keel` command line: one module per verb, each exposing ``register(subparsers)``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# verb modules, in the order `keel --help` lists them
+_VERBS = ("generate", "chat", "models", "audit", "ops")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="keel", description="keel: a stable-ABI LLM inference engine")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for name in _VERBS:
+        try:
+            module = importlib.import_module(f"keel.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"keel.cli.{name}":
+                continue  # verb not present in this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

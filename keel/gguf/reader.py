@@ -1,0 +1,275 @@
+"""A small, validating GGUF reader: header, metadata, tensor infos and memory-mapped tensor data."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .quants import GGMLType, tensor_nbytes
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+_MAX_DIMS = 4
+_MAX_STRING = 1 << 30  # no sane key, token or template is a gigabyte long
+
+
+class GGUFError(ValueError):
+    """A GGUF file is malformed, truncated or uses something keel cannot read."""
+
+
+class ValueType(IntEnum):
+    """Type tags of GGUF metadata values."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+# scalar value types -> struct format (little-endian) and the numpy dtype used for arrays of them
+_SCALARS: dict[ValueType, tuple[str, str]] = {
+    ValueType.UINT8: ("<B", "<u1"),
+    ValueType.INT8: ("<b", "<i1"),
+    ValueType.UINT16: ("<H", "<u2"),
+    ValueType.INT16: ("<h", "<i2"),
+    ValueType.UINT32: ("<I", "<u4"),
+    ValueType.INT32: ("<i", "<i4"),
+    ValueType.FLOAT32: ("<f", "<f4"),
+    ValueType.BOOL: ("<?", "<u1"),
+    ValueType.UINT64: ("<Q", "<u8"),
+    ValueType.INT64: ("<q", "<i8"),
+    ValueType.FLOAT64: ("<d", "<f8"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor's entry: ``dims`` in GGUF order (fastest first); ``offset`` is absolute in the file."""
+
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: GGMLType
+    offset: int
+    nbytes: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The torch/numpy shape: GGUF dims reversed."""
+        return tuple(reversed(self.dims))
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.dims, dtype=np.int64)) if self.dims else 1
+
+
+@dataclass(slots=True)
+class GGUFFile:
+    """A parsed GGUF file; tensor bytes stay in the memory map until asked for."""
+
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    alignment: int
+    data_offset: int
+    _buf: mmap.mmap | bytes = field(repr=False)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The bytes of tensor ``name`` as a read-only uint8 view."""
+        info = self.tensor(name)
+        return np.frombuffer(self._buf, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise GGUFError(f"{self.path}: no tensor named {name!r}") from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def require(self, key: str) -> Any:
+        """A metadata value that must be present."""
+        if key not in self.metadata:
+            raise GGUFError(f"{self.path}: metadata key {key!r} is missing")
+        return self.metadata[key]
+
+    def close(self) -> None:
+        if isinstance(self._buf, mmap.mmap):
+            try:
+                self._buf.close()
+            except BufferError:
+                pass  # numpy views still alive; the map goes when they do
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a buffer."""
+
+    def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
+        self.buf, self.pos, self.size, self.path = buf, 0, len(buf), path
+
+    def take(self, n: int, what: str) -> int:
+        if n < 0 or self.pos + n > self.size:
+            raise GGUFError(
+                f"{self.path}: truncated while reading {what}: need {n} bytes at offset {self.pos}, "
+                f"file has {self.size}"
+            )
+        start = self.pos
+        self.pos += n
+        return start
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        start = self.take(struct.calcsize(fmt), what)
+        return struct.unpack_from(fmt, self.buf, start)[0]
+
+    def u32(self, what: str) -> int:
+        return self.scalar("<I", what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar("<Q", what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"length of {what}")
+        if n > _MAX_STRING:
+            raise GGUFError(f"{self.path}: {what} claims a length of {n} bytes; the file is corrupt")
+        start = self.take(n, what)
+        try:
+            return bytes(self.buf[start : start + n]).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GGUFError(f"{self.path}: {what} is not valid UTF-8 ({exc})") from None
+
+    def value(self, vtype: int, what: str) -> Any:
+        vtype = _value_type(vtype, what, self.path)
+        if vtype == ValueType.STRING:
+            return self.string(what)
+        if vtype == ValueType.ARRAY:
+            return self.array(what)
+        value = self.scalar(_SCALARS[vtype][0], what)
+        return float(str(np.float32(value))) if vtype == ValueType.FLOAT32 else value
+
+    def array(self, what: str) -> list[Any]:
+        etype = _value_type(self.u32(f"element type of {what}"), f"elements of {what}", self.path)
+        count = self.u64(f"element count of {what}")
+        if etype == ValueType.STRING:
+            if count > self.size - self.pos:  # every string needs at least its 8-byte length
+                raise GGUFError(f"{self.path}: {what} claims {count} strings; the file is too short")
+            return [self.string(f"{what}[{i}]") for i in range(count)]
+        if etype == ValueType.ARRAY:
+            return [self.array(f"{what}[{i}]") for i in range(count)]
+        dtype = np.dtype(_SCALARS[etype][1])
+        start = self.take(count * dtype.itemsize, what)
+        values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=start)
+        if etype == ValueType.BOOL:
+            return [bool(v) for v in values]
+        return values.tolist()
+
+
+def _value_type(vtype: int, what: str, path: Path) -> ValueType:
+    try:
+        return ValueType(vtype)
+    except ValueError:
+        raise GGUFError(f"{path}: {what} has unknown value type {vtype} (expected 0..12)") from None
+
+
+def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """Parse and validate ``path``: every tensor must lie inside the file with its expected size."""
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"{path}: no such GGUF file")
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 24:
+            raise GGUFError(f"{path}: {size} bytes is too short for a GGUF header (24 bytes)")
+        buf: mmap.mmap | bytes = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _parse(buf, path)
+    except BaseException:
+        buf.close()
+        raise
+
+
+def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
+    cur = _Cursor(buf, path)
+    magic = bytes(buf[0:4])
+    if magic != GGUF_MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+    cur.pos = 4
+    version = cur.u32("version")
+    if version not in SUPPORTED_VERSIONS:
+        hint = " (big-endian files are not supported)" if version & 0xFFFF == 0 else ""
+        raise GGUFError(f"{path}: GGUF version {version} is not supported, expected one of {SUPPORTED_VERSIONS}{hint}")
+    n_tensors = cur.u64("tensor count")
+    n_kv = cur.u64("metadata count")
+    if n_tensors > _count_limit(cur) or n_kv > _count_limit(cur):
+        raise GGUFError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata entries; the file is corrupt")
+
+    metadata: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}")
+        metadata[key] = cur.value(cur.u32(f"type of {key!r}"), f"metadata {key!r}")
+
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"{path}: general.alignment must be a positive power of two, got {alignment!r}")
+
+    infos: list[tuple[str, tuple[int, ...], GGMLType, int]] = []
+    for i in range(n_tensors):
+        name = cur.string(f"name of tensor #{i}")
+        n_dims = cur.u32(f"dimension count of {name!r}")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise GGUFError(f"{path}: tensor {name!r} has {n_dims} dimensions, expected 1..{_MAX_DIMS}")
+        dims = tuple(cur.u64(f"dims of {name!r}") for _ in range(n_dims))
+        raw_type = cur.u32(f"type of {name!r}")
+        try:
+            ggml_type = GGMLType(raw_type)
+        except ValueError:
+            raise GGUFError(f"{path}: tensor {name!r} has unknown ggml type {raw_type}") from None
+        infos.append((name, dims, ggml_type, cur.u64(f"offset of {name!r}")))
+
+    data_offset = -(-cur.pos // alignment) * alignment
+    tensors: dict[str, TensorInfo] = {}
+    for name, dims, ggml_type, rel in infos:
+        if name in tensors:
+            raise GGUFError(f"{path}: tensor {name!r} appears twice")
+        if rel % alignment:
+            raise GGUFError(f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}")
+        try:
+            nbytes = tensor_nbytes(ggml_type, dims)
+        except ValueError as exc:
+            raise GGUFError(f"{path}: tensor {name!r}: {exc}") from None
+        start = data_offset + rel
+        if start + nbytes > len(buf):
+            raise GGUFError(
+                f"{path}: tensor {name!r} needs bytes {start}..{start + nbytes} but the file has only "
+                f"{len(buf)} bytes (truncated download?)"
+            )
+        tensors[name] = TensorInfo(name, dims, ggml_type, start, nbytes)
+    return GGUFFile(path, version, metadata, tensors, alignment, data_offset, buf)
+
+
+def _count_limit(cur: _Cursor) -> int:
+    """An upper bound for any count in the header: each entry takes at least 8 bytes."""
+    return cur.size // 8

@@ -1,0 +1,1 @@
+"""Hugging Face checkpoint reading: config, resolution, weights, tokenizer and chat template."""

@@ -1,0 +1,14 @@
+"""keel's own stable-ABI ops (`torch.ops.keel.*`), one typed wrapper per op.
+
+Each area module also registers the op's fake (meta) implementation for torch.compile
+and, where it makes sense, its autograd formula.
+"""
+
+from __future__ import annotations
+
+from keel.ops.activation import silu_and_mul
+from keel.ops.elementwise import fused_muladd
+from keel.ops.norm import fused_add_rms_norm, rms_norm
+from keel.ops.rotary import rotary_embedding
+
+__all__ = ["fused_add_rms_norm", "fused_muladd", "rms_norm", "rotary_embedding", "silu_and_mul"]

@@ -1,0 +1,103 @@
+"""Bridge from setuptools to CMake + Ninja (see CMakeLists.txt and README "Building").
+
+Environment options (all optional):
+  KEEL_CUDA=on|off|auto    build keel/_C_cuda.abi3.so (auto: when nvcc is found)
+  KEEL_CUDA_ARCHS="80;90"  CUDA architectures
+  KEEL_TORCH_TARGET=2.10   oldest torch whose stable ABI the libraries may use
+  MAX_JOBS=N               parallel compile jobs
+
+Building a wheel also audits every native library it produced (keel.audit, loaded from
+the source tree) against KEEL_TORCH_TARGET, fails on any finding, and writes the
+audit's torch floor into the wheel's `torch>=` requirement.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+TORCH_TARGET = os.environ.get("KEEL_TORCH_TARGET", "2.10")
+
+
+def torch_root() -> str:
+    """The torch package directory of the building interpreter."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import os, torch; print(os.path.dirname(torch.__file__))"],
+        check=True, capture_output=True, text=True,
+    )
+    return out.stdout.strip()
+
+
+def load_audit():
+    """keel.audit from the source tree, without importing keel (whose libraries are not built yet)."""
+    init = ROOT / "keel" / "audit" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        "_keel_audit", init, submodule_search_locations=[str(init.parent)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_keel_audit"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class CMakeBuild(build_ext):
+    """Configures and builds the whole CMake project once, into the extensions' directory."""
+
+    def run(self) -> None:
+        out_dir = Path(self.get_ext_fullpath("keel._C")).resolve().parent
+        out_dir.mkdir(parents=True, exist_ok=True)
+        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        configure = [
+            "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
+            f"-DTORCH_ROOT={torch_root()}",
+            f"-DKEEL_CUDA={os.environ.get('KEEL_CUDA', 'auto')}",
+            f"-DKEEL_CUDA_ARCHS={os.environ.get('KEEL_CUDA_ARCHS', '80;90')}",
+            f"-DKEEL_TORCH_TARGET={TORCH_TARGET}",
+        ]
+        subprocess.run(configure, check=True)
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        subprocess.run(["cmake", "--build", str(build_dir), "-j", jobs], check=True)
+        self.built_libraries = sorted(out_dir.glob("*.abi3.so"))
+        if not self.built_libraries:
+            raise RuntimeError(f"keel: the CMake build produced no *.abi3.so in {out_dir}")
+
+
+class AuditedWheel(bdist_wheel):
+    """abi3 wheel (cp310) whose native libraries pass keel's audit before packaging."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.py_limited_api = "cp310"
+
+    def run(self) -> None:
+        self.run_command("build_ext")
+        libs = self.get_finalized_command("build_ext").built_libraries
+        audit = load_audit()
+        result = audit.audit([str(p) for p in libs], target_torch=TORCH_TARGET, require_stable=True)
+        print(result.render())
+        if not result or not result.torch_floor:
+            raise SystemExit(f"keel: audit of {', '.join(p.name for p in libs)} failed "
+                             f"(target torch {TORCH_TARGET}); wheel not built")
+        self.distribution.install_requires = [f"torch>={result.torch_floor}"]
+        # metadata is written by egg_info; run it again now that the requirement is known
+        self.reinitialize_command("egg_info")
+        self.run_command("egg_info")
+        super().run()
+
+
+setup(
+    ext_modules=[Extension("keel._C", sources=[], py_limited_api=True)],
+    cmdclass={"build_ext": CMakeBuild, "bdist_wheel": AuditedWheel},
+    install_requires=[],
+)

@@ -1,0 +1,102 @@
+"""Every fixture gets its expected package verdict, exit code and fatal findings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from keel.audit import PackageAudit, audit
+
+from .conftest import make_wheel
+
+# case: (files {wheel path: fixture}, flags, verdict, exit code, fatal finding codes)
+CASES = {
+    "stable": ({"pkg/_C.abi3.so": "stable"}, {"target_torch": "2.10"}, "STABLE", 0, set()),
+    "unstable-ungated": ({"pkg/_C.abi3.so": "unstable"}, {}, "UNSTABLE", 0, set()),
+    "unstable": ({"pkg/_C.abi3.so": "unstable"}, {"require_stable": True}, "UNSTABLE", 1, {"unstable"}),
+    "mixed": ({"pkg/_C.abi3.so": "mixed"}, {"target_torch": "2.10"}, "UNSTABLE", 1, {"unstable"}),
+    "vector-template-arg": ({"pkg/_C.abi3.so": "vector"}, {"require_stable": True}, "UNSTABLE", 1, {"unstable"}),
+    "weak-c10-export": ({"pkg/_C.abi3.so": "weak_c10"}, {"require_stable": True}, "UNSTABLE", 1, {"unstable"}),
+    "thp-global": ({"pkg/_C.abi3.so": "thp"}, {"require_stable": True}, "UNSTABLE", 1, {"unstable"}),
+    "non-limited-cpython": ({"pkg/_ext.abi3.so": "nonlimited"}, {}, "NO-TORCH", 1, {"cpython-non-limited"}),
+    "newer-than-target": ({"pkg/_C.abi3.so": "newer"}, {"target_torch": "2.10"}, "STABLE", 1,
+                          {"shim-newer-than-target", "torch-requirement"}),
+    "unknown-shim": ({"pkg/_C.abi3.so": "unknown"}, {}, "UNSTABLE", 1, {"unknown-shim"}),
+    "bundled-so-n": ({"pkg/_C.abi3.so": "stable", "pkg.libs/libfoo.so.1": "libfoo"}, {"require_stable": True},
+                     "UNSTABLE", 1, {"unstable"}),
+    "bundled-allowed": ({"pkg/_C.abi3.so": "stable", "pkg.libs/libfoo.so.1": "libfoo"},
+                        {"require_stable": True, "allow": ["libfoo.so*"]}, "UNSTABLE", 0, set()),
+    "stale-allow": ({"pkg/_C.abi3.so": "stable"}, {"allow": ["libgone*.so"]}, "STABLE", 1, {"stale-allow"}),
+    "non-elf-so": ({"pkg/_C.abi3.so": "stable", "pkg/fake.so": "notelf"}, {}, "STABLE", 2, {"invalid-elf"}),
+    "truncated-elf": ({"pkg/_C.abi3.so": "truncated"}, {}, "NO-TORCH", 2, {"invalid-elf"}),
+    "needs-libc10": ({"pkg/_C.abi3.so": "needs_c10"}, {}, "STABLE", 1, {"needed-torch-library"}),
+    "dynamic-cudart": ({"pkg/_C.abi3.so": "needs_cudart"}, {}, "STABLE", 1, {"dynamic-cudart"}),
+    "build-tree-runpath": ({"pkg/_C.abi3.so": "build_rpath"}, {}, "STABLE", 1, {"build-tree-runpath"}),
+    "no-torch": ({"pkg/_plain.abi3.so": "plain"}, {"target_torch": "2.10"}, "NO-TORCH", 0, set()),
+}
+
+
+def _fatal(result: PackageAudit) -> set[str]:
+    return {f.code for f in result.findings if f.fatal}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_wheel_case(case: str, libs: dict[str, Path], tmp_path: Path) -> None:
+    files, flags, verdict, code, fatal = CASES[case]
+    wheel = make_wheel(tmp_path / "fixture-0.1-cp310-abi3-linux_x86_64.whl", {k: libs[v] for k, v in files.items()})
+    result = audit([wheel], **flags)
+    assert (result.verdict, result.exit_code, _fatal(result)) == (verdict, code, fatal), result.render()
+    assert bool(result) is (code == 0)
+
+
+def test_floor_and_render(libs: dict[str, Path], tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "f-0.1-cp310-abi3-linux_x86_64.whl", {"pkg/_C.abi3.so": libs["stable"]})
+    result = audit([wheel], target_torch="2.10")
+    assert result.torch_floor == "2.10"
+    assert result.libraries[0].floor_symbols == ("torch_call_dispatcher",)
+    text = result.render()
+    assert "torch floor 2.10" in text and "PASS" in text
+
+
+def test_newer_passes_at_its_own_floor(libs: dict[str, Path], tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "f.whl", {"pkg/_C.abi3.so": libs["newer"]}, requires=("torch>=2.11",))
+    result = audit([wheel], target_torch="2.11")
+    assert (result.torch_floor, result.exit_code) == ("2.11", 0), result.render()
+
+
+def test_python_floor_checked_against_tag(libs: dict[str, Path], tmp_path: Path) -> None:
+    low = audit([make_wheel(tmp_path / "a.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp310-abi3-linux_x86_64")])
+    high = audit([make_wheel(tmp_path / "b.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp312-abi3-linux_x86_64")])
+    assert low.python_floor == "3.12" and _fatal(low) == {"python-floor-above-tag"}
+    assert high.exit_code == 0
+
+
+def test_machine_mismatch(libs: dict[str, Path], tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "a.whl", {"pkg/_C.abi3.so": libs["stable"]}, tag="cp310-abi3-linux_aarch64")
+    assert _fatal(audit([wheel])) == {"machine-mismatch"}
+
+
+def test_requirement_below_floor(libs: dict[str, Path], tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "a.whl", {"pkg/_C.abi3.so": libs["stable"]}, requires=("torch>=2.9",))
+    assert _fatal(audit([wheel])) == {"torch-requirement"}
+
+
+def test_directory_and_files(libs: dict[str, Path], tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "pkg.libs").mkdir(parents=True)
+    (tree / "pkg.libs" / "libfoo.so.1").write_bytes(libs["libfoo"].read_bytes())
+    (tree / "_C.abi3.so").write_bytes(libs["stable"].read_bytes())
+    by_dir = audit([tree], require_stable=True)
+    assert sorted(lib.path for lib in by_dir.libraries) == ["_C.abi3.so", "pkg.libs/libfoo.so.1"]
+    assert by_dir.verdict == "UNSTABLE" and by_dir.exit_code == 1
+    by_files = audit([libs["stable"], libs["weak_c10"]])
+    assert [lib.verdict for lib in by_files.libraries] == ["STABLE", "UNSTABLE"]
+
+
+def test_json_schema(libs: dict[str, Path], tmp_path: Path) -> None:
+    doc = audit([libs["mixed"]], target_torch="2.10").to_json()
+    assert doc["schema"] == "keel-audit/1"
+    assert (doc["verdict"], doc["passed"], doc["exit_code"], doc["torch_floor"]) == ("UNSTABLE", False, 1, "2.10")
+    lib = doc["libraries"][0]
+    assert lib["verdict"] == "UNSTABLE" and lib["unstable_symbols"][0]["demangled"].startswith("c10::check")

@@ -1,0 +1,46 @@
+"""Namespace detection on mangled names agrees with the demangled text, template arguments included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from keel.audit.elf import read_elf
+from keel.audit.mangling import demangle, scan_mangled, unstable_torch_namespace
+
+CASES = {
+    "_ZN2at6native3addERKNS_6TensorE": "at",
+    "_ZN5mylib7consumeERKSt6vectorIN2at6TensorESaIS2_EE": "at",
+    "_ZNK3c1013intrusive_ptrIiE3getEv": "c10",
+    "_ZTIN5torch8autograd4NodeE": "torch",
+    "_ZThn8_N5torch4lazy4Node4nameEv": "torch",
+    "_ZN5torch6stable6TensorC1Ev": None,
+    "_ZN5torch10headeronly6detail3fooEv": None,
+    "_ZN5mylib12atomic_thingEv": None,
+    "_ZN3foo2atEv": None,  # a function named `at` is not the namespace at::
+    "_ZN5mylib3fooILi2EEEvv": None,
+    "strlen": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_namespace(name: str) -> None:
+    assert unstable_torch_namespace(name) == CASES[name]
+    assert scan_mangled(name) == CASES[name] if name.startswith("_Z") else True
+
+
+def test_display() -> None:
+    assert demangle("_ZN2at6native3addERKNS_6TensorE") in ("at::native::add(at::Tensor const&)",
+                                                           "_ZN2at6native3addERKNS_6TensorE")
+    assert demangle("not_mangled") == "not_mangled"
+
+
+def test_scanner_agrees_with_demangler_on_torch() -> None:
+    lib = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/torch/lib/libc10.so"
+    if not lib.exists():
+        pytest.skip("no torch install beside the repository")
+    info = read_elf(lib)
+    names = [s.name for s in info.undefined + info.defined if s.name.startswith("_Z")]
+    assert names
+    assert [n for n in names if bool(scan_mangled(n)) != bool(unstable_torch_namespace(n))] == []
