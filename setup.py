@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,14 @@ def torch_root() -> str:
         check=True, capture_output=True, text=True,
     )
     return out.stdout.strip()
+
+
+def tool(name: str) -> str:
+    """`cmake` / `ninja` from the building environment (the PyPI packages), else from PATH."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if not found:
+        raise RuntimeError(f"keel: `{name}` not found; pip install -r requirements-build.txt")
+    return found
 
 
 def load_audit():
@@ -57,7 +66,8 @@ class CMakeBuild(build_ext):
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         configure = [
-            "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+            tool("cmake"), "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+            f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}",
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             f"-DTORCH_ROOT={torch_root()}",
@@ -67,7 +77,7 @@ class CMakeBuild(build_ext):
         ]
         subprocess.run(configure, check=True)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
-        subprocess.run(["cmake", "--build", str(build_dir), "-j", jobs], check=True)
+        subprocess.run([tool("cmake"), "--build", str(build_dir), "-j", jobs], check=True)
         self.built_libraries = sorted(out_dir.glob("*.abi3.so"))
         if not self.built_libraries:
             raise RuntimeError(f"keel: the CMake build produced no *.abi3.so in {out_dir}")
@@ -89,15 +99,33 @@ class AuditedWheel(bdist_wheel):
         if not result or not result.torch_floor:
             raise SystemExit(f"keel: audit of {', '.join(p.name for p in libs)} failed "
                              f"(target torch {TORCH_TARGET}); wheel not built")
-        self.distribution.install_requires = [f"torch>={result.torch_floor}"]
-        # metadata is written by egg_info; run it again now that the requirement is known
-        self.reinitialize_command("egg_info")
-        self.run_command("egg_info")
+        self.torch_requirement = f"torch>={result.torch_floor}"
         super().run()
 
+    def write_wheelfile(self, wheelfile_base: str, *args, **kwargs) -> None:
+        # Called once the wheel's dist-info exists (however setuptools produced it): add the
+        # audited torch requirement to its METADATA before the archive is written.
+        super().write_wheelfile(wheelfile_base, *args, **kwargs)
+        metadata = Path(wheelfile_base) / "METADATA"
+        head, sep, body = metadata.read_text().partition("\n\n")
+        lines = [ln for ln in head.splitlines() if not ln.startswith("Requires-Dist: torch")]
+        lines.append(f"Requires-Dist: {self.torch_requirement}")
+        metadata.write_text("\n".join(lines) + "\n" + sep.lstrip("\n") + ("\n" if sep else "") + body)
+
+
+# What keel needs at run time besides torch (torch>= comes from the audit, above).
+RUNTIME_REQUIRES = [
+    "numpy",
+    "safetensors>=0.4",
+    "tokenizers>=0.19",
+    "huggingface_hub>=0.23",
+    "jinja2>=3.1",
+    "tqdm",
+    "pyelftools>=0.31",
+]
 
 setup(
     ext_modules=[Extension("keel._C", sources=[], py_limited_api=True)],
     cmdclass={"build_ext": CMakeBuild, "bdist_wheel": AuditedWheel},
-    install_requires=[],
+    install_requires=RUNTIME_REQUIRES,
 )

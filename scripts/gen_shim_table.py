@@ -22,14 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "2.9"
 _GUARD = re.compile(r"TORCH_FEATURE_VERSION\s*>=\s*TORCH_VERSION_(\d+)_(\d+)_\d+")
 _DECL = re.compile(r"AOTI_TORCH_EXPORT\b[^;{}()]*?\b(\w+)\s*\(")
-_HEADERS = ("include/torch/csrc/stable/c/*.h", "include/torch/csrc/inductor/aoti_torch/c/*.h",
-            "include/torch/csrc/inductor/aoti_torch/generated/c_shim_*.h")
+_HEADERS = (
+    "include/torch/csrc/stable/c/*.h",
+    "include/torch/csrc/inductor/aoti_torch/c/*.h",
+    "include/torch/csrc/inductor/aoti_torch/generated/c_shim_*.h",
+)
 
 
 def _load_audit():
     """Load keel/audit by file path, exactly as setup.py does (no `import keel`)."""
     spec = importlib.util.spec_from_file_location(
-        "_keel_audit", ROOT / "keel/audit/__init__.py", submodule_search_locations=[str(ROOT / "keel/audit")])
+        "_keel_audit", ROOT / "keel/audit/__init__.py", submodule_search_locations=[str(ROOT / "keel/audit")]
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["_keel_audit"] = module
     spec.loader.exec_module(module)
@@ -93,11 +97,17 @@ def scan_root(root: Path, audit) -> dict:
     if python.exists():
         for sym in audit.elf.read_elf(python).defined:
             name = sym.name
-            if not name.startswith(("_Z", "PyInit_", "_edata", "_end", "__bss")) \
-                    and not audit.table.is_cpython_name(name):
+            if not name.startswith(
+                ("_Z", "PyInit_", "_edata", "_end", "__bss")
+            ) and not audit.table.is_cpython_name(name):
                 globals_.add(name)
-    return {"version": torch_version(root), "declared": declared, "exported": exported,
-            "python_globals": globals_, "has_cuda": (root / "lib" / "libtorch_cuda.so").exists()}
+    return {
+        "version": torch_version(root),
+        "declared": declared,
+        "exported": exported,
+        "python_globals": globals_,
+        "has_cuda": (root / "lib" / "libtorch_cuda.so").exists(),
+    }
 
 
 def merge(scans: list[dict]) -> dict:
@@ -110,8 +120,14 @@ def merge(scans: list[dict]) -> dict:
         for name, since in scan["declared"].items():
             entry = symbols.setdefault(name, {"since": since, "sources": []})
             if _vkey(since) != _vkey(entry["since"]) and "header" in " ".join(entry["sources"]):
-                disagreements.append({"symbol": name, "torch": scan["version"], "kind": "guard-changed",
-                                      "detail": f"guard {entry['since']} -> {since}; keeping the higher"})
+                disagreements.append(
+                    {
+                        "symbol": name,
+                        "torch": scan["version"],
+                        "kind": "guard-changed",
+                        "detail": f"guard {entry['since']} -> {since}; keeping the higher",
+                    }
+                )
                 entry["since"] = max(since, entry["since"], key=_vkey)
             elif "header" not in " ".join(entry["sources"]):
                 entry["since"] = since if not entry["sources"] else min(since, entry["since"], key=_vkey)
@@ -120,15 +136,28 @@ def merge(scans: list[dict]) -> dict:
             if lib:
                 entry["sources"].append(f"{lib}@{scan['version']}")
             elif not name.startswith(("aoti_torch_mps", "aoti_torch_xpu")) and (
-                    scan["has_cuda"] or "cuda" not in name):
-                disagreements.append({"symbol": name, "torch": scan["version"], "kind": "declared-not-exported",
-                                      "detail": "in the headers, not exported by libtorch_cpu/libtorch_cuda"})
+                scan["has_cuda"] or "cuda" not in name
+            ):
+                disagreements.append(
+                    {
+                        "symbol": name,
+                        "torch": scan["version"],
+                        "kind": "declared-not-exported",
+                        "detail": "in the headers, not exported by libtorch_cpu/libtorch_cuda",
+                    }
+                )
         for name, lib in scan["exported"].items():
             if name not in scan["declared"]:
                 entry = symbols.setdefault(name, {"since": tv, "sources": []})
                 entry["sources"].append(f"{lib}@{scan['version']}")
-                disagreements.append({"symbol": name, "torch": scan["version"], "kind": "exported-not-declared",
-                                      "detail": f"exported by {lib}, in no shim header; floor set to {entry['since']}"})
+                disagreements.append(
+                    {
+                        "symbol": name,
+                        "torch": scan["version"],
+                        "kind": "exported-not-declared",
+                        "detail": f"exported by {lib}, in no shim header; floor set to {entry['since']}",
+                    }
+                )
     python_globals = sorted(set().union(*(s["python_globals"] for s in scans)))
     return {
         "schema": 1,
@@ -150,13 +179,19 @@ def cpython_table() -> dict:
     for table in (abi3info.FUNCTIONS, abi3info.DATAS):
         for sym, entry in table.items():
             symbols[sym.name] = f"{entry.added.major}.{entry.added.minor}"
-    return {"schema": 1, "generator": "scripts/gen_shim_table.py --cpython-out", "source": "abi3info",
-            "symbols": dict(sorted(symbols.items()))}
+    return {
+        "schema": 1,
+        "generator": "scripts/gen_shim_table.py --cpython-out",
+        "source": "abi3info",
+        "symbols": dict(sorted(symbols.items())),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--torch", action="append", type=Path, required=True, help="a torch package directory")
+    parser.add_argument(
+        "--torch", action="append", type=Path, required=True, help="a torch package directory"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "keel/audit/data/torch_shim_symbols.json")
     parser.add_argument("--cpython-out", type=Path, help="also write the CPython limited-API table here")
     args = parser.parse_args(argv)
@@ -167,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     kinds: dict[str, int] = {}
     for d in table["disagreements"]:
         kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
-    print(f"{args.out}: {len(table['symbols'])} symbols from torch {', '.join(table['torch_versions'])}; "
-          f"disagreements {kinds}")
+    print(
+        f"{args.out}: {len(table['symbols'])} symbols from torch {', '.join(table['torch_versions'])}; "
+        f"disagreements {kinds}"
+    )
     if args.cpython_out:
         args.cpython_out.write_text(json.dumps(cpython_table(), indent=1) + "\n")
         print(f"{args.cpython_out}: written")

@@ -10,5 +10,13 @@ from .analysis import audit
 from .errors import AuditError, AuditInputError, TableError
 from .models import SCHEMA, Finding, LibraryAudit, PackageAudit
 
-__all__ = ["SCHEMA", "AuditError", "AuditInputError", "Finding", "LibraryAudit", "PackageAudit", "TableError",
-           "audit"]
+__all__ = [
+    "SCHEMA",
+    "AuditError",
+    "AuditInputError",
+    "Finding",
+    "LibraryAudit",
+    "PackageAudit",
+    "TableError",
+    "audit",
+]

@@ -57,11 +57,18 @@ def _load(sources: list[Source]) -> list[_Loaded]:
     return loaded
 
 
-def audit(paths: Sequence[str | os.PathLike], *, target_torch: str | None = None,
-          allow: Sequence[str] = (), require_stable: bool = False) -> PackageAudit:
+def audit(
+    paths: Sequence[str | os.PathLike],
+    *,
+    target_torch: str | None = None,
+    allow: Sequence[str] = (),
+    require_stable: bool = False,
+) -> PackageAudit:
     """Audit wheels, directories, .so files or installed distributions as one package."""
     if not paths:
-        raise AuditInputError("keel audit: no input; expected a .whl, a directory, .so files or a distribution name")
+        raise AuditInputError(
+            "keel audit: no input; expected a .whl, a directory, .so files or a distribution name"
+        )
     target = fmt(minor(parse(target_torch, "--target-torch"))) if target_torch else None
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="keel-audit-")))
@@ -83,8 +90,10 @@ def audit(paths: Sequence[str | os.PathLike], *, target_torch: str | None = None
             lib, lib_findings = classify(label, info, ctx)
             if any(fnmatch.fnmatch(label, p) or fnmatch.fnmatch(Path(label).name, p) for p in allow):
                 lib = replace(lib, allowed=True)
-                lib_findings = [replace(f, fatal=False) if f.code in ("needed-torch-library", "unknown-shim")
-                                else f for f in lib_findings]
+                lib_findings = [
+                    replace(f, fatal=False) if f.code in ("needed-torch-library", "unknown-shim") else f
+                    for f in lib_findings
+                ]
             findings += lib_findings
         libraries.append(lib)
         by_source.setdefault(source.label, []).append(lib)
@@ -95,9 +104,13 @@ def audit(paths: Sequence[str | os.PathLike], *, target_torch: str | None = None
     return PackageAudit(
         sources=tuple(s.label for s in sources),
         tags=tuple(dict.fromkeys(t for s in sources for t in s.tags)),
-        libraries=tuple(libraries), findings=tuple(findings), verdict=verdict,
+        libraries=tuple(libraries),
+        findings=tuple(findings),
+        verdict=verdict,
         torch_floor=highest([lib.torch_floor for lib in valid if lib.torch_floor]),
         python_floor=highest([lib.python_floor for lib in valid if lib.python_floor]),
         glibc_max=highest([lib.glibc_max for lib in valid if lib.glibc_max]),
-        target_torch=target, require_stable=require_stable, allow=tuple(allow),
+        target_torch=target,
+        require_stable=require_stable,
+        allow=tuple(allow),
     )

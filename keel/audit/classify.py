@@ -76,13 +76,25 @@ def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list
     vers = symbol_versions(info)
     verdict = UNSTABLE if (unstable_undef or exported or unknown) else STABLE if shims else NO_TORCH
     lib = LibraryAudit(
-        path=path, verdict=verdict, machine=ctx.policy.machines.get(info.machine, info.machine),
-        needed=info.needed, runpath=info.rpath + info.runpath, torch_floor=floor,
+        path=path,
+        verdict=verdict,
+        machine=ctx.policy.machines.get(info.machine, info.machine),
+        needed=info.needed,
+        runpath=info.rpath + info.runpath,
+        torch_floor=floor,
         floor_symbols=tuple(sorted(n for n, v in shims.items() if v == floor)),
-        python_floor=py_floor, abi3=abi3, glibc_max=vers["GLIBC"], glibcxx_max=vers["GLIBCXX"],
-        cxxabi_max=vers["CXXABI"], shim_symbols=tuple(sorted(shims.items())), unknown_shim=tuple(sorted(unknown)),
-        unstable_undefined=tuple(unstable_undef), unstable_exported=tuple(exported),
-        cpython_limited=len(limited), cpython_nonlimited=tuple(sorted(nonlimited)), other=other,
+        python_floor=py_floor,
+        abi3=abi3,
+        glibc_max=vers["GLIBC"],
+        glibcxx_max=vers["GLIBCXX"],
+        cxxabi_max=vers["CXXABI"],
+        shim_symbols=tuple(sorted(shims.items())),
+        unknown_shim=tuple(sorted(unknown)),
+        unstable_undefined=tuple(unstable_undef),
+        unstable_exported=tuple(exported),
+        cpython_limited=len(limited),
+        cpython_nonlimited=tuple(sorted(nonlimited)),
+        other=other,
     )
     return lib, _library_findings(lib, ctx)
 
@@ -92,23 +104,57 @@ def _library_findings(lib: LibraryAudit, ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     p = lib.path
     if lib.unknown_shim:
-        out.append(Finding("unknown-shim", p, f"{len(lib.unknown_shim)} torch C symbol(s) not in the stable shim "
-                           f"table (torch {', '.join(ctx.shims.torch_versions)}); expected only known shim symbols",
-                           lib.unknown_shim))
+        out.append(
+            Finding(
+                "unknown-shim",
+                p,
+                f"{len(lib.unknown_shim)} torch C symbol(s) not in the stable shim "
+                f"table (torch {', '.join(ctx.shims.torch_versions)}); expected only known shim symbols",
+                lib.unknown_shim,
+            )
+        )
     bad = tuple(n for n in lib.needed if ctx.policy.forbidden_torch_library(n))
     if bad:
-        out.append(Finding("needed-torch-library", p, f"DT_NEEDED {', '.join(bad)}; expected only "
-                           f"{' / '.join(ctx.policy.allowed_torch_libraries)} among torch libraries", bad))
+        out.append(
+            Finding(
+                "needed-torch-library",
+                p,
+                f"DT_NEEDED {', '.join(bad)}; expected only "
+                f"{' / '.join(ctx.policy.allowed_torch_libraries)} among torch libraries",
+                bad,
+            )
+        )
     cudart = tuple(n for n in lib.needed if ctx.policy.is_cudart(n))
     if cudart:
-        out.append(Finding("dynamic-cudart", p, f"DT_NEEDED {', '.join(cudart)}: CUDA runtime linked dynamically; "
-                           "expected static cudart (-cudart static)", cudart))
+        out.append(
+            Finding(
+                "dynamic-cudart",
+                p,
+                f"DT_NEEDED {', '.join(cudart)}: CUDA runtime linked dynamically; "
+                "expected static cudart (-cudart static)",
+                cudart,
+            )
+        )
     build = tuple(r for r in lib.runpath if not r.startswith(("$ORIGIN", "${ORIGIN}")))
     if build:
-        out.append(Finding("build-tree-runpath", p, f"RPATH/RUNPATH {':'.join(build)}; expected only "
-                           "$ORIGIN-relative entries (no paths into the build machine)", build))
+        out.append(
+            Finding(
+                "build-tree-runpath",
+                p,
+                f"RPATH/RUNPATH {':'.join(build)}; expected only "
+                "$ORIGIN-relative entries (no paths into the build machine)",
+                build,
+            )
+        )
     if lib.cpython_nonlimited:
-        out.append(Finding("cpython-non-limited", p, f"{len(lib.cpython_nonlimited)} CPython symbol(s) outside the "
-                           f"limited API{' in an abi3 library' if lib.abi3 else ''}; expected limited-API symbols only",
-                           lib.cpython_nonlimited, fatal=lib.abi3))
+        out.append(
+            Finding(
+                "cpython-non-limited",
+                p,
+                f"{len(lib.cpython_nonlimited)} CPython symbol(s) outside the "
+                f"limited API{' in an abi3 library' if lib.abi3 else ''}; expected limited-API symbols only",
+                lib.cpython_nonlimited,
+                fatal=lib.abi3,
+            )
+        )
     return out

@@ -12,12 +12,24 @@ from .errors import AuditError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The audit's arguments on an existing parser."""
-    parser.add_argument("inputs", nargs="+", metavar="INPUT",
-                        help="a .whl, a directory, .so files, or an installed distribution name")
-    parser.add_argument("--target-torch", metavar="X.Y",
-                        help="fail on any shim symbol newer than X.Y or unknown (implies --require-stable)")
-    parser.add_argument("--allow", action="append", default=[], metavar="PATTERN",
-                        help="library (glob on path or file name) that may be unstable; stale patterns fail")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a .whl, a directory, .so files, or an installed distribution name",
+    )
+    parser.add_argument(
+        "--target-torch",
+        metavar="X.Y",
+        help="fail on any shim symbol newer than X.Y or unknown (implies --require-stable)",
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="library (glob on path or file name) that may be unstable; stale patterns fail",
+    )
     parser.add_argument("--require-stable", action="store_true", help="fail when a library is not stable")
     parser.add_argument("--json", action="store_true", help="print the versioned JSON document instead")
 
@@ -25,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the audit; 0 pass, 1 gate failed, 2 could not audit."""
     try:
-        result = audit(args.inputs, target_torch=args.target_torch, allow=args.allow,
-                       require_stable=args.require_stable)
+        result = audit(
+            args.inputs, target_torch=args.target_torch, allow=args.allow, require_stable=args.require_stable
+        )
     except AuditError as exc:
         print(f"keel audit: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -40,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m keel.audit` entry point."""
-    parser = argparse.ArgumentParser(prog="keel audit", description="Audit the ELF objects of a wheel for "
-                                     "torch stable-ABI compatibility.")
+    parser = argparse.ArgumentParser(
+        prog="keel audit", description="Audit the ELF objects of a wheel for torch stable-ABI compatibility."
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -6,7 +6,7 @@ import io
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection, DynamicSegment
@@ -23,8 +23,7 @@ class ElfFormatError(AuditError):
     """A file that should be an ELF shared object is not one, or is truncated/malformed."""
 
 
-@dataclass(frozen=True, slots=True)
-class Symbol:
+class Symbol(NamedTuple):
     """One dynamic symbol: name, binding ("global"/"weak"/"unique") and GNU version, if any."""
 
     name: str
@@ -54,6 +53,18 @@ def read_elf(source: bytes | str | Path) -> ElfInfo:
         return _read(fh, Path(source).stat().st_size)
 
 
+class _Shdr(NamedTuple):
+    index: int
+    type: int
+    offset: int
+    size: int
+    link: int
+
+
+_SHT_DYNAMIC, _SHT_NOBITS, _SHT_DYNSYM = 6, 8, 11
+_SHT_VERDEF, _SHT_VERNEED, _SHT_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
+
+
 def _read(stream: BinaryIO, size: int) -> ElfInfo:
     head = stream.read(4)
     if head != ELF_MAGIC:
@@ -61,10 +72,10 @@ def _read(stream: BinaryIO, size: int) -> ElfInfo:
     stream.seek(0)
     try:
         elf = ELFFile(stream)
-        _check_bounds(elf, size)
         if elf["e_type"] != "ET_DYN":
             raise ElfFormatError(f"not a shared object: expected e_type ET_DYN, got {elf['e_type']}")
-        return _collect(elf, stream)
+        sections = _headers(elf, stream, size)
+        return _collect(elf, sections, stream)
     except (ELFError, struct.error, ValueError, EOFError, IndexError, KeyError) as exc:
         raise ElfFormatError(f"truncated or malformed ELF: {exc or type(exc).__name__}") from None
     except Exception as exc:  # construct errors from pyelftools have no common public base
@@ -73,27 +84,57 @@ def _read(stream: BinaryIO, size: int) -> ElfInfo:
         raise
 
 
-def _check_bounds(elf: ELFFile, size: int) -> None:
-    """Refuse headers, sections and segments that point past the end of the file."""
-    hdr = elf.header
-    if hdr["e_shnum"] and hdr["e_shoff"] + hdr["e_shnum"] * hdr["e_shentsize"] > size:
-        raise ElfFormatError(f"truncated ELF: section headers end past the file size {size}")
-    if hdr["e_phoff"] + hdr["e_phnum"] * hdr["e_phentsize"] > size:
-        raise ElfFormatError(f"truncated ELF: program headers end past the file size {size}")
-    for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_LOAD" and seg["p_offset"] + seg["p_filesz"] > size:
+def _table(stream: BinaryIO, offset: int, count: int, entsize: int, fmt: str, size: int, what: str) -> list:
+    """`count` fixed-size header entries at `offset`; ElfFormatError when they end past the file."""
+    if not count:
+        return []
+    if offset + count * entsize > size or entsize < struct.calcsize(fmt):
+        raise ElfFormatError(f"truncated ELF: {what} end past the file size {size}")
+    stream.seek(offset)
+    raw = stream.read(count * entsize)
+    return [struct.unpack_from(fmt, raw, i * entsize) for i in range(count)]
+
+
+def _headers(elf: ELFFile, stream: BinaryIO, size: int) -> list[_Shdr]:
+    """Section headers (type, offset, size, link), bounds-checked together with PT_LOAD segments."""
+    hdr, e = elf.header, "<" if elf.little_endian else ">"
+    is64 = elf.elfclass == 64
+    phdrs = _table(
+        stream,
+        hdr["e_phoff"],
+        hdr["e_phnum"],
+        hdr["e_phentsize"],
+        e + ("IIQQQQQQ" if is64 else "IIIIIIII"),
+        size,
+        "program headers",
+    )
+    for ph in phdrs:  # (p_type, p_flags, p_offset, .., p_filesz) or (p_type, p_offset, .., p_filesz)
+        offset, filesz = (ph[2], ph[5]) if is64 else (ph[1], ph[4])
+        if ph[0] == 1 and offset + filesz > size:  # PT_LOAD
             raise ElfFormatError(f"truncated ELF: a PT_LOAD segment ends past the file size {size}")
-    for sec in elf.iter_sections():
-        if sec["sh_type"] != "SHT_NOBITS" and sec["sh_offset"] + sec["sh_size"] > size:
-            raise ElfFormatError(f"truncated ELF: section {sec.name or '?'} ends past the file size {size}")
+    shdrs = _table(
+        stream,
+        hdr["e_shoff"],
+        hdr["e_shnum"],
+        hdr["e_shentsize"],
+        e + ("IIQQQQIIQQ" if is64 else "IIIIIIIIII"),
+        size,
+        "section headers",
+    )
+    out = [_Shdr(i, sh[1], sh[4], sh[5], sh[6]) for i, sh in enumerate(shdrs)]
+    for sec in out:
+        if sec.type != _SHT_NOBITS and sec.offset + sec.size > size:
+            raise ElfFormatError(f"truncated ELF: section {sec.index} ends past the file size {size}")
+    return out
 
 
-def _collect(elf: ELFFile, stream: BinaryIO) -> ElfInfo:
+def _collect(elf: ELFFile, sections: list[_Shdr], stream: BinaryIO) -> ElfInfo:
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
     soname = None
-    dynamic = elf.get_section_by_name(".dynamic")
+    dyn = next((s for s in sections if s.type == _SHT_DYNAMIC), None)
+    dynamic = elf.get_section(dyn.index) if dyn is not None else None
     if not isinstance(dynamic, DynamicSection):
         dynamic = next((s for s in elf.iter_segments() if isinstance(s, DynamicSegment)), None)
     if dynamic is not None:
@@ -107,20 +148,27 @@ def _collect(elf: ELFFile, stream: BinaryIO) -> ElfInfo:
                 runpath.extend(p for p in tag.runpath.split(":") if p)
             elif kind == "DT_SONAME":
                 soname = tag.soname
-    version_names, needs = _versions(elf)
-    undefined, defined = _symbols(elf, stream, version_names, dynamic)
+    version_names, needs = _versions(
+        [elf.get_section(s.index) for s in sections if s.type in (_SHT_VERNEED, _SHT_VERDEF)]
+    )
+    undefined, defined = _symbols(elf, sections, stream, version_names, dynamic)
     return ElfInfo(
-        machine=elf["e_machine"], soname=soname, needed=tuple(needed),
-        rpath=tuple(rpath), runpath=tuple(runpath), undefined=undefined, defined=defined,
+        machine=elf["e_machine"],
+        soname=soname,
+        needed=tuple(needed),
+        rpath=tuple(rpath),
+        runpath=tuple(runpath),
+        undefined=undefined,
+        defined=defined,
         version_needs=tuple(needs),
     )
 
 
-def _versions(elf: ELFFile) -> tuple[dict[int, str], list[tuple[str, str]]]:
+def _versions(sections: list) -> tuple[dict[int, str], list[tuple[str, str]]]:
     """Map version index -> name (verneed and verdef), and list every (file, version) needed."""
     names: dict[int, str] = {}
     needs: list[tuple[str, str]] = []
-    for sec in elf.iter_sections():
+    for sec in sections:
         if isinstance(sec, GNUVerNeedSection):
             for verneed, auxes in sec.iter_versions():
                 for aux in auxes:
@@ -134,41 +182,43 @@ def _versions(elf: ELFFile) -> tuple[dict[int, str], list[tuple[str, str]]]:
     return names, needs
 
 
-def _symbols(elf: ELFFile, stream: BinaryIO, vnames: dict[int, str],
-             dynamic: object) -> tuple[tuple[Symbol, ...], tuple[Symbol, ...]]:
+def _symbols(
+    elf: ELFFile, sections: list, stream: BinaryIO, vnames: dict[int, str], dynamic: object
+) -> tuple[tuple[Symbol, ...], tuple[Symbol, ...]]:
     """Undefined and exported dynamic symbols, parsed with struct for speed."""
-    dynsym = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM"), None)
+    dynsym = next((s for s in sections if s.type == _SHT_DYNSYM), None)
     if dynsym is None:
         return _symbols_from_segment(dynamic)
-    is64 = elf.elfclass == 64
     endian = "<" if elf.little_endian else ">"
-    fmt = endian + ("IBBHQQ" if is64 else "IIIBBH")
+    # (st_name, st_info, st_other, st_shndx); value and size are skipped
+    fmt = endian + ("IBBH16x" if elf.elfclass == 64 else "I8xBBH")
     entsize = struct.calcsize(fmt)
     raw = _section_bytes(stream, dynsym)
-    strtab = _section_bytes(stream, elf.get_section(dynsym["sh_link"]))
-    versym_sec = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_GNU_versym"), None)
+    if not 0 < dynsym.link < len(sections):
+        raise ElfFormatError(f"malformed ELF: .dynsym links to section {dynsym.link}")
+    strtab = _section_bytes(stream, sections[dynsym.link])
+    versym_sec = next((s for s in sections if s.type == _SHT_VERSYM), None)
     versym = _section_bytes(stream, versym_sec) if versym_sec is not None else b""
     count = len(raw) // entsize
-    vers = struct.unpack(f"{endian}{len(versym) // 2}H", versym) if versym else ()
+    vers = list(struct.unpack(f"{endian}{len(versym) // 2}H", versym[: len(versym) // 2 * 2]))
+    vers = vers[:count] + [0] * (count - len(vers))
     undefined: list[Symbol] = []
     defined: list[Symbol] = []
-    for i, ent in enumerate(struct.iter_unpack(fmt, raw[: count * entsize])):
-        if is64:
-            st_name, st_info, st_other, st_shndx = ent[0], ent[1], ent[2], ent[3]
-        else:
-            st_name, st_info, st_other, st_shndx = ent[0], ent[3], ent[4], ent[5]
-        binding = _BINDINGS.get(st_info >> 4)
+    bindings, vget, find = _BINDINGS, vnames.get, strtab.find
+    for (st_name, st_info, st_other, st_shndx), ver in zip(
+        struct.iter_unpack(fmt, raw[: count * entsize]), vers, strict=True
+    ):
+        binding = bindings.get(st_info >> 4)
         if binding is None or not st_name:
             continue
-        end = strtab.find(b"\0", st_name)
+        end = find(b"\0", st_name)
         if end < 0:
             raise ElfFormatError("malformed ELF: a symbol name runs past .dynstr")
-        name = strtab[st_name:end].decode("utf-8", "replace")
-        version = vnames.get(vers[i] & 0x7FFF) if i < len(vers) else None
+        sym = Symbol(strtab[st_name:end].decode("utf-8", "replace"), binding, vget(ver & 0x7FFF))
         if st_shndx == 0:
-            undefined.append(Symbol(name, binding, version))
+            undefined.append(sym)
         elif st_other & 0x3 in (0, 3):  # default or protected visibility
-            defined.append(Symbol(name, binding, version))
+            defined.append(sym)
     return tuple(undefined), tuple(defined)
 
 
@@ -188,11 +238,10 @@ def _symbols_from_segment(dynamic: object) -> tuple[tuple[Symbol, ...], tuple[Sy
     return tuple(undefined), tuple(defined)
 
 
-def _section_bytes(stream: BinaryIO, section: object) -> bytes:
+def _section_bytes(stream: BinaryIO, section: _Shdr) -> bytes:
     """Read one section's bytes; ElfFormatError when the file holds fewer bytes than declared."""
-    stream.seek(section["sh_offset"])  # type: ignore[index]
-    size = section["sh_size"]  # type: ignore[index]
-    data = stream.read(size)
-    if len(data) != size:
-        raise ElfFormatError(f"truncated ELF: section needs {size} bytes, file has {len(data)}")
+    stream.seek(section.offset)
+    data = stream.read(section.size)
+    if len(data) != section.size:
+        raise ElfFormatError(f"truncated ELF: section needs {section.size} bytes, file has {len(data)}")
     return data

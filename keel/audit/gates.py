@@ -18,31 +18,58 @@ def _key(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split("."))
 
 
-def package_findings(sources: list[Source], by_source: dict[str, list[LibraryAudit]], target: str | None,
-                     allow: tuple[str, ...], require_stable: bool) -> list[Finding]:
+def package_findings(
+    sources: list[Source],
+    by_source: dict[str, list[LibraryAudit]],
+    target: str | None,
+    allow: tuple[str, ...],
+    require_stable: bool,
+) -> list[Finding]:
     """Findings that need the gate flags or the wheel's tags and metadata."""
     out: list[Finding] = []
     libs = [lib for group in by_source.values() for lib in group]
     for pattern in allow:
-        if not any(fnmatch.fnmatch(lib.path, pattern) or fnmatch.fnmatch(Path(lib.path).name, pattern)
-                   for lib in libs):
-            out.append(Finding("stale-allow", None, f"--allow {pattern!r} matches no library; expected a pattern "
-                               "naming a library in the input (remove stale allowlist entries)"))
+        if not any(
+            fnmatch.fnmatch(lib.path, pattern) or fnmatch.fnmatch(Path(lib.path).name, pattern)
+            for lib in libs
+        ):
+            out.append(
+                Finding(
+                    "stale-allow",
+                    None,
+                    f"--allow {pattern!r} matches no library; expected a pattern "
+                    "naming a library in the input (remove stale allowlist entries)",
+                )
+            )
     for lib in libs:
         if lib.verdict == INVALID:
             continue
         if lib.verdict == UNSTABLE:
             gated = (require_stable or target is not None) and not lib.allowed
             why = "allowed by --allow" if lib.allowed else "gated" if gated else "not gated"
-            out.append(Finding("unstable", lib.path, f"uses unstable libtorch API ({why}): "
-                               f"{len(lib.unstable_symbols)} C++/THP symbol(s), {len(lib.unknown_shim)} unknown; "
-                               "expected only stable shim symbols", lib.unstable_symbols[:20], fatal=gated))
+            out.append(
+                Finding(
+                    "unstable",
+                    lib.path,
+                    f"uses unstable libtorch API ({why}): "
+                    f"{len(lib.unstable_symbols)} C++/THP symbol(s), {len(lib.unknown_shim)} unknown; "
+                    "expected only stable shim symbols",
+                    lib.unstable_symbols[:20],
+                    fatal=gated,
+                )
+            )
         if target is not None:
             newer = tuple(n for n, v in lib.shim_symbols if _key(v) > _key(target))
             if newer:
-                out.append(Finding("shim-newer-than-target", lib.path, f"{len(newer)} shim symbol(s) newer than "
-                                   f"--target-torch {target} (floor {lib.torch_floor}); expected all <= {target}",
-                                   newer))
+                out.append(
+                    Finding(
+                        "shim-newer-than-target",
+                        lib.path,
+                        f"{len(newer)} shim symbol(s) newer than "
+                        f"--target-torch {target} (floor {lib.torch_floor}); expected all <= {target}",
+                        newer,
+                    )
+                )
     for source in sources:
         out += _tag_findings(source, by_source.get(source.label, []))
         out += _requirement_findings(source, by_source.get(source.label, []))
@@ -59,17 +86,34 @@ def _tag_findings(source: Source, libs: list[LibraryAudit]) -> list[Finding]:
         if lib.verdict == INVALID:
             continue
         if tag_py and lib.python_floor and _key(lib.python_floor) > _key(tag_py):
-            out.append(Finding("python-floor-above-tag", lib.path, f"needs Python {lib.python_floor} "
-                               f"(limited API) but the wheel is tagged cp{tag_py.replace('.', '')}-abi3; "
-                               f"expected a floor <= {tag_py}"))
+            out.append(
+                Finding(
+                    "python-floor-above-tag",
+                    lib.path,
+                    f"needs Python {lib.python_floor} "
+                    f"(limited API) but the wheel is tagged cp{tag_py.replace('.', '')}-abi3; "
+                    f"expected a floor <= {tag_py}",
+                )
+            )
         for plat in sorted(plats):
             glibc, arch = _platform(plat)
             if glibc and lib.glibc_max and _key(lib.glibc_max) > glibc:
-                out.append(Finding("glibc-above-tag", lib.path, f"needs GLIBC_{lib.glibc_max} but the wheel is tagged "
-                                   f"{plat}; expected at most glibc {glibc[0]}.{glibc[1]}"))
+                out.append(
+                    Finding(
+                        "glibc-above-tag",
+                        lib.path,
+                        f"needs GLIBC_{lib.glibc_max} but the wheel is tagged "
+                        f"{plat}; expected at most glibc {glibc[0]}.{glibc[1]}",
+                    )
+                )
             if arch and lib.machine and arch != lib.machine:
-                out.append(Finding("machine-mismatch", lib.path, f"ELF machine {lib.machine} in a wheel tagged {plat}; "
-                                   f"expected {arch}"))
+                out.append(
+                    Finding(
+                        "machine-mismatch",
+                        lib.path,
+                        f"ELF machine {lib.machine} in a wheel tagged {plat}; expected {arch}",
+                    )
+                )
     return out
 
 
@@ -103,12 +147,31 @@ def _requirement_findings(source: Source, libs: list[LibraryAudit]) -> list[Find
         return []
     required, bound = torch_lower_bound(source.requires)
     if not required or bound is None:
-        return [Finding("torch-requirement", None, f"{source.label}: no torch>= requirement; expected "
-                        f"torch>={floor} (the audited floor)", fatal=False)]
+        return [
+            Finding(
+                "torch-requirement",
+                None,
+                f"{source.label}: no torch>= requirement; expected torch>={floor} (the audited floor)",
+                fatal=False,
+            )
+        ]
     if _key(bound) < _key(floor):
-        return [Finding("torch-requirement", None, f"{source.label}: requires torch>={bound} but its libraries "
-                        f"need torch {floor}; expected torch>={floor}")]
+        return [
+            Finding(
+                "torch-requirement",
+                None,
+                f"{source.label}: requires torch>={bound} but its libraries "
+                f"need torch {floor}; expected torch>={floor}",
+            )
+        ]
     if _key(bound) > _key(floor):
-        return [Finding("torch-requirement", None, f"{source.label}: requires torch>={bound}, the audited floor "
-                        f"is {floor}; expected them to be equal", fatal=False)]
+        return [
+            Finding(
+                "torch-requirement",
+                None,
+                f"{source.label}: requires torch>={bound}, the audited floor "
+                f"is {floor}; expected them to be equal",
+                fatal=False,
+            )
+        ]
     return []

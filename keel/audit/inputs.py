@@ -52,7 +52,9 @@ def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], 
     requires: list[str] = []
     wheel = text_of("WHEEL")
     if wheel:
-        tags = [v.strip() for k, _, v in (ln.partition(":") for ln in wheel.splitlines()) if k.strip() == "Tag"]
+        tags = [
+            v.strip() for k, _, v in (ln.partition(":") for ln in wheel.splitlines()) if k.strip() == "Tag"
+        ]
     meta = text_of("METADATA")
     if meta:
         requires = email.parser.Parser().parsestr(meta, headersonly=True).get_all("Requires-Dist") or []
@@ -62,8 +64,11 @@ def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], 
 def open_wheel(path: Path, zf: zipfile.ZipFile, tmpdir: Path) -> Source:
     """Candidates read straight from the zip; metadata from its .dist-info."""
     members = check_members(zf, str(path))
-    dist_info = {m.filename.split("/", 1)[1]: m for m in members
-                 if m.filename.count("/") == 1 and m.filename.split("/")[0].endswith(".dist-info")}
+    dist_info = {
+        m.filename.split("/", 1)[1]: m
+        for m in members
+        if m.filename.count("/") == 1 and m.filename.split("/")[0].endswith(".dist-info")
+    }
 
     def text_of(name: str) -> str | None:
         info = dist_info.get(name)
@@ -77,7 +82,9 @@ def open_wheel(path: Path, zf: zipfile.ZipFile, tmpdir: Path) -> Source:
     for index, info in enumerate(members):
         named = bool(_SO_NAME.search(info.filename))
         if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info))):
-            candidates.append(Candidate(info.filename, lambda i=info, n=index: read_member(zf, i, tmpdir, n), named))
+            candidates.append(
+                Candidate(info.filename, lambda i=info, n=index: read_member(zf, i, tmpdir, n), named)
+            )
     return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates))
 
 
@@ -88,8 +95,12 @@ def _expand(tags: tuple[str, ...]) -> tuple[str, ...]:
         pieces = tag.split("-")
         if len(pieces) != 3:
             continue
-        out += [f"{p}-{a}-{pl}" for p in pieces[0].split(".") for a in pieces[1].split(".")
-                for pl in pieces[2].split(".")]
+        out += [
+            f"{p}-{a}-{pl}"
+            for p in pieces[0].split(".")
+            for a in pieces[1].split(".")
+            for pl in pieces[2].split(".")
+        ]
     return tuple(out)
 
 
@@ -128,10 +139,17 @@ def open_distribution(name: str) -> Source:
     try:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
-        raise AuditInputError(f"{name!r}: expected a .whl, a directory, a .so file or an installed "
-                              f"distribution name; found none of these") from None
+        raise AuditInputError(
+            f"{name!r}: expected a .whl, a directory, a .so file or an installed "
+            f"distribution name; found none of these"
+        ) from None
     files = [Path(str(dist.locate_file(f))) for f in (dist.files or ())]
     root = Path(str(dist.locate_file("")))
     tags, _ = _wheel_meta(dist.read_text)
-    return Source(f"{name} (installed)", "distribution", _expand(tags), tuple(dist.requires or ()),
-                  _scan_dir(root, [f for f in files if f.exists()]))
+    return Source(
+        f"{name} (installed)",
+        "distribution",
+        _expand(tags),
+        tuple(dist.requires or ()),
+        _scan_dir(root, [f for f in files if f.exists()]),
+    )

@@ -70,6 +70,7 @@ def mentions_torch(name: str) -> bool:
     return name.startswith("_Z") and any(tok in name for tok in _TORCH_TOKENS)
 
 
+@lru_cache(maxsize=1 << 17)
 def unstable_torch_namespace(name: str) -> str | None:
     """The unstable torch namespace a mangled name references (template args included), or None.
 
@@ -84,14 +85,15 @@ def unstable_torch_namespace(name: str) -> str | None:
     return scan_mangled(name)
 
 
-_SEQ = re.compile(r"T[hv]n?\d+_(?:n?\d+_)?|S[0-9A-Z]*_|T\d*_|Dv\d+_|L[a-z]n?\d*E")
+_NESTED = re.compile(r"N[rVKRO]*$")
+_SEQ = re.compile(r"C[1-5]|D[0-5]|T[hv]n?\d+_(?:n?\d+_)?|S[0-9A-Z]*_|T\d*_|Dv\d+_|L[a-z]n?\d*E")
 
 
 def scan_mangled(name: str) -> str | None:
     """Fallback: walk source names of the mangled form; first unstable torch namespace or None.
 
-    A namespace is a source name that opens a nested name (not preceded by another source name)
-    and is followed by one. Substitutions (`S_`) are not expanded: the demangler path covers them.
+    A namespace is the first source name of a nested name (`N[rVKRO]*`), followed by another
+    name or an operator. Substitutions (`S_`) are not expanded: the demangler path covers them.
     """
     i, n = 2, len(name)
     prev: str | None = None
@@ -102,7 +104,10 @@ def scan_mangled(name: str) -> str | None:
                 j += 1
             end = j + int(name[i:j])
             ident = name[j:end]
-            opens = prev is None and name[end : end + 1].isdigit()
+            nxt = name[end : end + 1]
+            opens = (
+                prev is None and _NESTED.search(name, 0, i) is not None and (nxt.isdigit() or nxt.islower())
+            )
             if opens and ident in ("at", "c10"):
                 return ident
             if opens and ident == "torch" and not name[end:].startswith(_STABLE_TORCH):

@@ -25,7 +25,7 @@ class Policy:
     machines: dict[str, str]
 
     def forbidden_torch_library(self, needed: str) -> bool:
-        """A torch library other than libtorch_cpu.so / libtorch_cuda.so (libc10.so, libtorch_python.so...)."""
+        """A torch library other than libtorch_cpu.so / libtorch_cuda.so (libc10.so, ...)."""
         if needed in self.allowed_torch_libraries:
             return False
         return any(fnmatch.fnmatch(needed, p) for p in self.torch_library_patterns)

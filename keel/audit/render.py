@@ -22,14 +22,22 @@ def _cell(value: object) -> str:
 
 def _row(lib: LibraryAudit) -> list[str]:
     verdict = lib.verdict + (" (allowed)" if lib.allowed else "")
-    return [lib.path, verdict, _cell(lib.torch_floor), _cell(lib.python_floor), _cell(lib.glibc_max),
-            str(len(lib.shim_symbols)), str(len(lib.unstable_symbols) + len(lib.unknown_shim)),
-            str(lib.cpython_limited + len(lib.cpython_nonlimited)), str(lib.other)]
+    return [
+        lib.path,
+        verdict,
+        _cell(lib.torch_floor),
+        _cell(lib.python_floor),
+        _cell(lib.glibc_max),
+        str(len(lib.shim_symbols)),
+        str(len(lib.unstable_symbols) + len(lib.unknown_shim)),
+        str(lib.cpython_limited + len(lib.cpython_nonlimited)),
+        str(lib.other),
+    ]
 
 
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 def render_table(result: PackageAudit) -> str:
@@ -38,7 +46,11 @@ def render_table(result: PackageAudit) -> str:
     if result.tags:
         lines.append(f"wheel tags: {', '.join(result.tags)}")
     header = ["library", "verdict", "torch>=", "python>=", "glibc", "shim", "unstable", "cpython", "other"]
-    lines += _table([header] + [_row(lib) for lib in result.libraries]) if result.libraries else ["(no ELF objects)"]
+    lines += (
+        _table([header] + [_row(lib) for lib in result.libraries])
+        if result.libraries
+        else ["(no ELF objects)"]
+    )
     for lib in result.libraries:
         if lib.error:
             lines.append(f"  {lib.path}: {lib.error}")
@@ -54,9 +66,11 @@ def render_table(result: PackageAudit) -> str:
         gates.append("--require-stable")
     gates += [f"--allow {p}" for p in result.allow]
     lines.append("")
-    lines.append(f"package: {result.verdict}  torch>={_cell(result.torch_floor)}  "
-                 f"python>={_cell(result.python_floor)}  glibc {_cell(result.glibc_max)}  "
-                 f"gates: {' '.join(gates) or 'none'}")
+    lines.append(
+        f"package: {result.verdict}  torch>={_cell(result.torch_floor)}  "
+        f"python>={_cell(result.python_floor)}  glibc {_cell(result.glibc_max)}  "
+        f"gates: {' '.join(gates) or 'none'}"
+    )
     for f in result.findings:
         where = f" {f.library}" if f.library else ""
         lines.append(f"{'FAIL' if f.fatal else 'note'} [{f.code}]{where}: {f.message}")

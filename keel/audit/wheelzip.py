@@ -32,14 +32,19 @@ def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
         if info.flag_bits & 0x1:
             raise AuditInputError(f"{label}: zip entry {name!r} is encrypted; expected plain entries")
         if info.file_size > MAX_MEMBER:
-            raise AuditInputError(f"{label}: zip entry {name!r} claims {info.file_size} bytes; "
-                                  f"expected at most {MAX_MEMBER}")
+            raise AuditInputError(
+                f"{label}: zip entry {name!r} claims {info.file_size} bytes; expected at most {MAX_MEMBER}"
+            )
         if info.file_size > (64 << 20) and info.file_size > MAX_RATIO * max(info.compress_size, 1):
-            raise AuditInputError(f"{label}: zip entry {name!r} expands {info.file_size // max(info.compress_size, 1)}x; "
-                                  f"expected a ratio below {MAX_RATIO} (zip bomb?)")
+            raise AuditInputError(
+                f"{label}: zip entry {name!r} expands {info.file_size // max(info.compress_size, 1)}x; "
+                f"expected a ratio below {MAX_RATIO} (zip bomb?)"
+            )
         total += info.file_size
         if total > MAX_TOTAL:
-            raise AuditInputError(f"{label}: entries add up to more than {MAX_TOTAL} bytes; expected a real wheel")
+            raise AuditInputError(
+                f"{label}: entries add up to more than {MAX_TOTAL} bytes; expected a real wheel"
+            )
         if not name.endswith("/"):
             members.append(info)
     return members
@@ -48,9 +53,17 @@ def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
 def _check_name(name: str, label: str) -> None:
     """Refuse absolute paths, `..` components, backslashes and NULs (zip-slip)."""
     parts = PurePosixPath(name).parts
-    if name.startswith("/") or "\\" in name or "\0" in name or (len(name) > 1 and name[1] == ":") \
-            or ".." in parts or not parts:
-        raise AuditInputError(f"{label}: unsafe zip entry name {name!r}; expected a relative path inside the wheel")
+    if (
+        name.startswith("/")
+        or "\\" in name
+        or "\0" in name
+        or (len(name) > 1 and name[1] == ":")
+        or ".." in parts
+        or not parts
+    ):
+        raise AuditInputError(
+            f"{label}: unsafe zip entry name {name!r}; expected a relative path inside the wheel"
+        )
 
 
 def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, tmpdir: Path, index: int) -> bytes | Path:
@@ -63,7 +76,9 @@ def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, tmpdir: Path, index:
             shutil.copyfileobj(src, dst, 1 << 22)
         return target
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise AuditInputError(f"zip entry {info.filename!r}: cannot be read ({exc}); expected an intact wheel") from None
+        raise AuditInputError(
+            f"zip entry {info.filename!r}: cannot be read ({exc}); expected an intact wheel"
+        ) from None
 
 
 def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18) -> bytes:
@@ -72,4 +87,6 @@ def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18) -> bytes:
         with zf.open(info) as fh:
             return fh.read(size)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise AuditInputError(f"zip entry {info.filename!r}: cannot be read ({exc}); expected an intact wheel") from None
+        raise AuditInputError(
+            f"zip entry {info.filename!r}: cannot be read ({exc}); expected an intact wheel"
+        ) from None

@@ -9,8 +9,11 @@ from keel.audit.cli import add_arguments, run
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `audit` verb."""
-    parser = subparsers.add_parser("audit", help="audit a wheel's ELF objects for torch/CPython ABI stability",
-                                   description="Audit every ELF object of a wheel, directory, .so files or "
-                                   "installed distribution. Exit 0 pass, 1 gate failed, 2 could not audit.")
+    parser = subparsers.add_parser(
+        "audit",
+        help="audit a wheel's ELF objects for torch/CPython ABI stability",
+        description="Audit every ELF object of a wheel, directory, .so files or "
+        "installed distribution. Exit 0 pass, 1 gate failed, 2 could not audit.",
+    )
     add_arguments(parser)
     parser.set_defaults(func=run)

@@ -17,8 +17,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Hugging Face checkpoint and install it into the Hugging Face cache.",
     )
     fetch.add_argument("--gguf", metavar="PATH", help="convert this local GGUF file instead of downloading")
-    fetch.add_argument("--cache-dir", metavar="DIR", help="hub cache folder (default: HF_HUB_CACHE / HF_HOME/hub)")
-    fetch.add_argument("--force", action="store_true", help="convert and install again even if already cached")
+    fetch.add_argument(
+        "--cache-dir", metavar="DIR", help="hub cache folder (default: HF_HUB_CACHE / HF_HOME/hub)"
+    )
+    fetch.add_argument(
+        "--force", action="store_true", help="convert and install again even if already cached"
+    )
     fetch.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     fetch.set_defaults(func=_fetch_demo)
     models.set_defaults(func=lambda args: models.print_help() or 2)
@@ -37,5 +41,5 @@ def _fetch_demo(args: argparse.Namespace) -> int:
     else:
         print(f"{result.repo_id} is already installed at {result.snapshot} (use --force to convert again)")
     env = f"HF_HUB_CACHE={args.cache_dir} " if args.cache_dir else ""
-    print(f"use it offline:  {env}HF_HUB_OFFLINE=1 keel generate --model {result.repo_id} \"Hello\"")
+    print(f'use it offline:  {env}HF_HUB_OFFLINE=1 keel generate --model {result.repo_id} "Hello"')
     return 0

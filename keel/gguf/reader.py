@@ -220,11 +220,15 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
     version = cur.u32("version")
     if version not in SUPPORTED_VERSIONS:
         hint = " (big-endian files are not supported)" if version & 0xFFFF == 0 else ""
-        raise GGUFError(f"{path}: GGUF version {version} is not supported, expected one of {SUPPORTED_VERSIONS}{hint}")
+        raise GGUFError(
+            f"{path}: GGUF version {version} is not supported, expected one of {SUPPORTED_VERSIONS}{hint}"
+        )
     n_tensors = cur.u64("tensor count")
     n_kv = cur.u64("metadata count")
     if n_tensors > _count_limit(cur) or n_kv > _count_limit(cur):
-        raise GGUFError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata entries; the file is corrupt")
+        raise GGUFError(
+            f"{path}: header claims {n_tensors} tensors and {n_kv} metadata entries; the file is corrupt"
+        )
 
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
@@ -255,7 +259,9 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
         if name in tensors:
             raise GGUFError(f"{path}: tensor {name!r} appears twice")
         if rel % alignment:
-            raise GGUFError(f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}")
+            raise GGUFError(
+                f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}"
+            )
         try:
             nbytes = tensor_nbytes(ggml_type, dims)
         except ValueError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from .reader import GGUFError, GGUFFile
 
@@ -33,7 +33,9 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
     """A GPT-2 style byte-level BPE tokenizer from ``tokenizer.ggml.*``; other models are refused."""
     kind = gguf.require("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise GGUFError(f"{gguf.path}: tokenizer.ggml.model is {kind!r}; keel converts only 'gpt2' (byte-level BPE)")
+        raise GGUFError(
+            f"{gguf.path}: tokenizer.ggml.model is {kind!r}; keel converts only 'gpt2' (byte-level BPE)"
+        )
     tokens: list[str] = gguf.require("tokenizer.ggml.tokens")
     merges: list[str] = gguf.require("tokenizer.ggml.merges")
     types: list[int] = gguf.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
@@ -41,7 +43,7 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
         raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens must be an array of strings")
     if len(types) != len(tokens):
         raise GGUFError(
-            f"{gguf.path}: tokenizer.ggml.token_type has {len(types)} entries, expected {len(tokens)} (one per token)"
+            f"{gguf.path}: tokenizer.ggml.token_type has {len(types)} entries, expected {len(tokens)}"
         )
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if len(vocab) != len(tokens):
@@ -56,16 +58,26 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     if gguf.get("tokenizer.ggml.pre") in _DIGIT_SPLIT_PRE:
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
     tok.post_processor = processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)
     tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == TOKEN_CONTROL]
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, types, strict=True)
+            if k == TOKEN_CONTROL
+        ]
     )
     tok.add_tokens(
-        [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == TOKEN_USER_DEFINED]
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, k in zip(tokens, types, strict=True)
+            if k == TOKEN_USER_DEFINED
+        ]
     )
 
     def token_at(key: str) -> tuple[int | None, str | None]:
@@ -85,7 +97,9 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
         )
 
-    special = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)) if v}
+    special = {
+        k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)) if v
+    }
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "add_bos_token": bool(gguf.get("tokenizer.ggml.add_bos_token", False)),

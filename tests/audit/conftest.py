@@ -10,34 +10,72 @@ from pathlib import Path
 
 import pytest
 
-SHIM = "typedef int E; extern E aoti_torch_get_data_ptr(void*, void**);\n" \
-       "extern E torch_call_dispatcher(const char*, const char*, void*, unsigned long long);\n"
-STABLE_BODY = "void* p; aoti_torch_get_data_ptr(t, &p); return torch_call_dispatcher(\"a\", \"b\", 0, 0);"
+SHIM = (
+    "typedef int E; extern E aoti_torch_get_data_ptr(void*, void**);\n"
+    "extern E torch_call_dispatcher(const char*, const char*, void*, unsigned long long);\n"
+)
+STABLE_BODY = 'void* p; aoti_torch_get_data_ptr(t, &p); return torch_call_dispatcher("a", "b", 0, 0);'
 
 # name -> (language, source, extra linker args)
 SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "stable": ("c", SHIM + f"int keel_stable(void* t) {{ {STABLE_BODY} }}\n", ()),
-    "newer": ("c", SHIM + "extern E torch_from_blob();\n"
-              f"int keel_newer(void* t) {{ torch_from_blob(); {STABLE_BODY} }}\n", ()),
-    "unknown": ("c", SHIM + "extern E torch_frobnicate(void);\n"
-                f"int keel_unknown(void* t) {{ torch_frobnicate(); {STABLE_BODY} }}\n", ()),
-    "unstable": ("c++", "namespace at { struct Tensor; void fill_(Tensor&, double); }\n"
-                 "void keel_unstable(at::Tensor& t) { at::fill_(t, 1.0); }\n", ()),
-    "mixed": ("c++", 'extern "C" {' + SHIM + "}\nnamespace c10 { struct Device; void check(const Device&); }\n"
-              f"int keel_mixed(void* t, const c10::Device& d) {{ c10::check(d); {STABLE_BODY} }}\n", ()),
-    "vector": ("c++", "#include <vector>\nnamespace at { struct Tensor { long x; }; }\n"
-               "namespace mylib { void consume(const std::vector<at::Tensor>&); }\n"
-               "void keel_vector() { std::vector<at::Tensor> v(2); mylib::consume(v); }\n", ()),
-    "weak_c10": ("c++", "namespace c10 { template <class T> struct intrusive_ptr { T* p;\n"
-                 "  __attribute__((noinline)) T* get() const { return p; } }; }\n"
-                 "int keel_weak(c10::intrusive_ptr<int>& x) { return *x.get(); }\n", ("-O0",)),
+    "newer": (
+        "c",
+        SHIM + "extern E torch_from_blob();\n"
+        f"int keel_newer(void* t) {{ torch_from_blob(); {STABLE_BODY} }}\n",
+        (),
+    ),
+    "unknown": (
+        "c",
+        SHIM + "extern E torch_frobnicate(void);\n"
+        f"int keel_unknown(void* t) {{ torch_frobnicate(); {STABLE_BODY} }}\n",
+        (),
+    ),
+    "unstable": (
+        "c++",
+        "namespace at { struct Tensor; void fill_(Tensor&, double); }\n"
+        "void keel_unstable(at::Tensor& t) { at::fill_(t, 1.0); }\n",
+        (),
+    ),
+    "mixed": (
+        "c++",
+        'extern "C" {' + SHIM + "}\nnamespace c10 { struct Device; void check(const Device&); }\n"
+        f"int keel_mixed(void* t, const c10::Device& d) {{ c10::check(d); {STABLE_BODY} }}\n",
+        (),
+    ),
+    "vector": (
+        "c++",
+        "#include <vector>\nnamespace at { struct Tensor { long x; }; }\n"
+        "namespace mylib { void consume(const std::vector<at::Tensor>&); }\n"
+        "void keel_vector() { std::vector<at::Tensor> v(2); mylib::consume(v); }\n",
+        (),
+    ),
+    "weak_c10": (
+        "c++",
+        "namespace c10 { template <class T> struct intrusive_ptr { T* p;\n"
+        "  __attribute__((noinline)) T* get() const { return p; } }; }\n"
+        "int keel_weak(c10::intrusive_ptr<int>& x) { return *x.get(); }\n",
+        ("-O0",),
+    ),
     "thp": ("c", "extern void* THPVariableClass;\nvoid* keel_thp(void) { return THPVariableClass; }\n", ()),
-    "nonlimited": ("c", "extern void* PyLong_FromLong(long); extern int PyCode_Addr2Line(void*, int);\n"
-                   "int keel_py(void* c) { PyLong_FromLong(1); return PyCode_Addr2Line(c, 0); }\n", ()),
-    "pyfloor": ("c", "extern void* PyErr_GetRaisedException(void);\n"
-                "void* keel_py(void) { return PyErr_GetRaisedException(); }\n", ()),
-    "libfoo": ("c++", "namespace c10 { struct Storage; void release(Storage&); }\n"
-               "void foo(c10::Storage& s) { c10::release(s); }\n", ("-Wl,-soname,libfoo.so.1",)),
+    "nonlimited": (
+        "c",
+        "extern void* PyLong_FromLong(long); extern int PyCode_Addr2Line(void*, int);\n"
+        "int keel_py(void* c) { PyLong_FromLong(1); return PyCode_Addr2Line(c, 0); }\n",
+        (),
+    ),
+    "pyfloor": (
+        "c",
+        "extern void* PyErr_GetRaisedException(void);\n"
+        "void* keel_py(void) { return PyErr_GetRaisedException(); }\n",
+        (),
+    ),
+    "libfoo": (
+        "c++",
+        "namespace c10 { struct Storage; void release(Storage&); }\n"
+        "void foo(c10::Storage& s) { c10::release(s); }\n",
+        ("-Wl,-soname,libfoo.so.1",),
+    ),
     "plain": ("c", "int keel_plain(int x) { return x + 1; }\n", ()),
     "libc10": ("c", "int c10_dummy(void) { return 0; }\n", ("-Wl,-soname,libc10.so",)),
     "libcudart": ("c", "int cudart_dummy(void) { return 0; }\n", ("-Wl,-soname,libcudart.so.13",)),
@@ -68,8 +106,10 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     with ThreadPoolExecutor(2) as pool:
         done = {k: pool.submit(_compile, d / names.get(k, f"{k}.so"), *v) for k, v in SOURCES.items()}
         out = {k: f.result() for k, f in done.items()}
-        linked = {k: pool.submit(_compile, d / f"{k}.so", "c", SOURCES[base][1],
-                                 tuple(a.format(d=d) for a in args)) for k, (base, args) in LINKED.items()}
+        linked = {
+            k: pool.submit(_compile, d / f"{k}.so", "c", SOURCES[base][1], tuple(a.format(d=d) for a in args))
+            for k, (base, args) in LINKED.items()
+        }
         out.update({k: f.result() for k, f in linked.items()})
     (d / "notelf.so").write_text("this is not an ELF file\n")
     out["notelf"] = d / "notelf.so"
@@ -79,15 +119,21 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def make_wheel(path: Path, files: dict[str, Path | bytes], tag: str = "cp310-abi3-linux_x86_64",
-               requires: tuple[str, ...] = ("torch>=2.10",)) -> Path:
+def make_wheel(
+    path: Path,
+    files: dict[str, Path | bytes],
+    tag: str = "cp310-abi3-linux_x86_64",
+    requires: tuple[str, ...] = ("torch>=2.10",),
+) -> Path:
     """A minimal wheel: the given files plus WHEEL/METADATA in a .dist-info."""
     dist = "fixture-0.1.dist-info"
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, content in files.items():
             zf.writestr(name, content if isinstance(content, bytes) else content.read_bytes())
         zf.writestr(f"{dist}/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {tag}\n")
-        meta = "Metadata-Version: 2.1\nName: fixture\nVersion: 0.1\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+        meta = "Metadata-Version: 2.1\nName: fixture\nVersion: 0.1\n" + "".join(
+            f"Requires-Dist: {r}\n" for r in requires
+        )
         zf.writestr(f"{dist}/METADATA", meta)
         zf.writestr(f"{dist}/RECORD", "")
     return path

@@ -16,17 +16,44 @@ CASES = {
     "unstable-ungated": ({"pkg/_C.abi3.so": "unstable"}, {}, "UNSTABLE", 0, set()),
     "unstable": ({"pkg/_C.abi3.so": "unstable"}, {"require_stable": True}, "UNSTABLE", 1, {"unstable"}),
     "mixed": ({"pkg/_C.abi3.so": "mixed"}, {"target_torch": "2.10"}, "UNSTABLE", 1, {"unstable"}),
-    "vector-template-arg": ({"pkg/_C.abi3.so": "vector"}, {"require_stable": True}, "UNSTABLE", 1, {"unstable"}),
-    "weak-c10-export": ({"pkg/_C.abi3.so": "weak_c10"}, {"require_stable": True}, "UNSTABLE", 1, {"unstable"}),
+    "vector-template-arg": (
+        {"pkg/_C.abi3.so": "vector"},
+        {"require_stable": True},
+        "UNSTABLE",
+        1,
+        {"unstable"},
+    ),
+    "weak-c10-export": (
+        {"pkg/_C.abi3.so": "weak_c10"},
+        {"require_stable": True},
+        "UNSTABLE",
+        1,
+        {"unstable"},
+    ),
     "thp-global": ({"pkg/_C.abi3.so": "thp"}, {"require_stable": True}, "UNSTABLE", 1, {"unstable"}),
     "non-limited-cpython": ({"pkg/_ext.abi3.so": "nonlimited"}, {}, "NO-TORCH", 1, {"cpython-non-limited"}),
-    "newer-than-target": ({"pkg/_C.abi3.so": "newer"}, {"target_torch": "2.10"}, "STABLE", 1,
-                          {"shim-newer-than-target", "torch-requirement"}),
+    "newer-than-target": (
+        {"pkg/_C.abi3.so": "newer"},
+        {"target_torch": "2.10"},
+        "STABLE",
+        1,
+        {"shim-newer-than-target", "torch-requirement"},
+    ),
     "unknown-shim": ({"pkg/_C.abi3.so": "unknown"}, {}, "UNSTABLE", 1, {"unknown-shim"}),
-    "bundled-so-n": ({"pkg/_C.abi3.so": "stable", "pkg.libs/libfoo.so.1": "libfoo"}, {"require_stable": True},
-                     "UNSTABLE", 1, {"unstable"}),
-    "bundled-allowed": ({"pkg/_C.abi3.so": "stable", "pkg.libs/libfoo.so.1": "libfoo"},
-                        {"require_stable": True, "allow": ["libfoo.so*"]}, "UNSTABLE", 0, set()),
+    "bundled-so-n": (
+        {"pkg/_C.abi3.so": "stable", "pkg.libs/libfoo.so.1": "libfoo"},
+        {"require_stable": True},
+        "UNSTABLE",
+        1,
+        {"unstable"},
+    ),
+    "bundled-allowed": (
+        {"pkg/_C.abi3.so": "stable", "pkg.libs/libfoo.so.1": "libfoo"},
+        {"require_stable": True, "allow": ["libfoo.so*"]},
+        "UNSTABLE",
+        0,
+        set(),
+    ),
     "stale-allow": ({"pkg/_C.abi3.so": "stable"}, {"allow": ["libgone*.so"]}, "STABLE", 1, {"stale-allow"}),
     "non-elf-so": ({"pkg/_C.abi3.so": "stable", "pkg/fake.so": "notelf"}, {}, "STABLE", 2, {"invalid-elf"}),
     "truncated-elf": ({"pkg/_C.abi3.so": "truncated"}, {}, "NO-TORCH", 2, {"invalid-elf"}),
@@ -44,7 +71,9 @@ def _fatal(result: PackageAudit) -> set[str]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_wheel_case(case: str, libs: dict[str, Path], tmp_path: Path) -> None:
     files, flags, verdict, code, fatal = CASES[case]
-    wheel = make_wheel(tmp_path / "fixture-0.1-cp310-abi3-linux_x86_64.whl", {k: libs[v] for k, v in files.items()})
+    wheel = make_wheel(
+        tmp_path / "fixture-0.1-cp310-abi3-linux_x86_64.whl", {k: libs[v] for k, v in files.items()}
+    )
     result = audit([wheel], **flags)
     assert (result.verdict, result.exit_code, _fatal(result)) == (verdict, code, fatal), result.render()
     assert bool(result) is (code == 0)
@@ -66,8 +95,12 @@ def test_newer_passes_at_its_own_floor(libs: dict[str, Path], tmp_path: Path) ->
 
 
 def test_python_floor_checked_against_tag(libs: dict[str, Path], tmp_path: Path) -> None:
-    low = audit([make_wheel(tmp_path / "a.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp310-abi3-linux_x86_64")])
-    high = audit([make_wheel(tmp_path / "b.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp312-abi3-linux_x86_64")])
+    low = audit(
+        [make_wheel(tmp_path / "a.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp310-abi3-linux_x86_64")]
+    )
+    high = audit(
+        [make_wheel(tmp_path / "b.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp312-abi3-linux_x86_64")]
+    )
     assert low.python_floor == "3.12" and _fatal(low) == {"python-floor-above-tag"}
     assert high.exit_code == 0
 
@@ -97,6 +130,26 @@ def test_directory_and_files(libs: dict[str, Path], tmp_path: Path) -> None:
 def test_json_schema(libs: dict[str, Path], tmp_path: Path) -> None:
     doc = audit([libs["mixed"]], target_torch="2.10").to_json()
     assert doc["schema"] == "keel-audit/1"
-    assert (doc["verdict"], doc["passed"], doc["exit_code"], doc["torch_floor"]) == ("UNSTABLE", False, 1, "2.10")
+    assert (doc["verdict"], doc["passed"], doc["exit_code"], doc["torch_floor"]) == (
+        "UNSTABLE",
+        False,
+        1,
+        "2.10",
+    )
     lib = doc["libraries"][0]
     assert lib["verdict"] == "UNSTABLE" and lib["unstable_symbols"][0]["demangled"].startswith("c10::check")
+
+
+def test_installed_distribution() -> None:
+    result = audit(["pyelftools"])
+    assert result.sources == ("pyelftools (installed)",)
+    assert (result.verdict, result.exit_code, result.libraries) == ("NO-TORCH", 0, ())
+
+
+def test_keels_own_wheel_if_built() -> None:
+    wheels = sorted((Path(__file__).resolve().parents[2] / "dist").glob("keel-*.whl"))
+    if not wheels:
+        pytest.skip("no dist/keel-*.whl built")
+    result = audit([wheels[-1]], target_torch="2.10")
+    assert result, result.render()
+    assert (result.verdict, result.torch_floor) == ("STABLE", "2.10")

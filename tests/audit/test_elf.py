@@ -13,7 +13,8 @@ def test_needed_runpath_and_versions(libs: dict[str, Path]) -> None:
     info = read_elf(libs["needs_c10"])
     assert "libc10.so" in info.needed and info.machine == "EM_X86_64"
     assert read_elf(libs["build_rpath"]).runpath + read_elf(libs["build_rpath"]).rpath == (
-        "/home/build/pytorch/torch/lib",)
+        "/home/build/pytorch/torch/lib",
+    )
     vector = read_elf(libs["vector"])
     assert any(v.startswith("GLIBCXX_") for _, v in vector.version_needs)
     assert any(s.version and s.version.startswith(("GLIBCXX_", "CXXABI_")) for s in vector.undefined)

@@ -31,8 +31,10 @@ def test_namespace(name: str) -> None:
 
 
 def test_display() -> None:
-    assert demangle("_ZN2at6native3addERKNS_6TensorE") in ("at::native::add(at::Tensor const&)",
-                                                           "_ZN2at6native3addERKNS_6TensorE")
+    assert demangle("_ZN2at6native3addERKNS_6TensorE") in (
+        "at::native::add(at::Tensor const&)",
+        "_ZN2at6native3addERKNS_6TensorE",
+    )
     assert demangle("not_mangled") == "not_mangled"
 
 

@@ -64,8 +64,9 @@ def test_missing_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["no-such-distribution-xyz"]) == 2
 
 
-def test_large_member_goes_to_private_temp(libs: dict[str, Path], tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_member_goes_to_private_temp(
+    libs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(wheelzip, "IN_MEMORY", 16)
     wheel = make_wheel(tmp_path / "w.whl", {"pkg/_C.abi3.so": libs["stable"]})
     assert audit([wheel]).verdict == "STABLE"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import _COMMIT, build_checkpoint, model_dir, needs_ops
+from tiny_checkpoints import COMMIT, build_checkpoint, model_dir, needs_ops
 
 from keel.hf.config import ConfigError, ModelConfig
 from keel.hf.resolve import DEFAULT_MODEL, ModelNotFoundError, resolve_model
@@ -67,7 +67,7 @@ def test_resolve_cache_and_local(hf_cache):
     folder = resolve_model("keel-test/tiny-llama")
     assert folder == model_dir(hf_cache, "llama")
     assert resolve_model(str(folder)) == folder
-    assert resolve_model("keel-test/tiny-llama", revision=_COMMIT) == folder
+    assert resolve_model("keel-test/tiny-llama", revision=COMMIT) == folder
 
 
 def test_missing_model_says_where_it_looked(hf_cache, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, needs_ops
+from tiny_checkpoints import ARCHS, needs_ops
 
 from keel.engine import SamplingParams
 from keel.engine.sequence import Sequence

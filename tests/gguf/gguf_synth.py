@@ -11,8 +11,19 @@ import numpy as np
 
 # value type tags of the GGUF spec
 U8, I8, U16, I16, U32, I32, F32V, BOOL, STR, ARR, U64, I64, F64 = range(13)
-_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32V: "<f", BOOL: "<?", U64: "<Q",
-        I64: "<q", F64: "<d"}
+_FMT = {
+    U8: "<B",
+    I8: "<b",
+    U16: "<H",
+    I16: "<h",
+    U32: "<I",
+    I32: "<i",
+    F32V: "<f",
+    BOOL: "<?",
+    U64: "<Q",
+    I64: "<q",
+    F64: "<d",
+}
 # ggml types used here
 T_F32, T_F16, T_Q4_1, T_Q8_0, T_BF16 = 0, 1, 3, 8, 30
 
@@ -51,7 +62,7 @@ def write_gguf(path: Path, spec: GGUFSpec) -> Path:
     for _, _, _, data in spec.tensors:
         offsets.append(pos)
         pos += -(-len(data) // spec.alignment) * spec.alignment
-    for (name, ttype, dims, _), off in zip(spec.tensors, offsets):
+    for (name, ttype, dims, _), off in zip(spec.tensors, offsets, strict=True):
         out += _str(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
         out += struct.pack("<IQ", ttype, off)
     out += b"\0" * (-len(out) % spec.alignment)
@@ -75,7 +86,11 @@ def quantize_q4_1(x: np.ndarray) -> bytes:
     lo, hi = b.min(axis=1, keepdims=True), b.max(axis=1, keepdims=True)
     d = ((hi - lo) / 15).astype(np.float16)
     m = lo.astype(np.float16)
-    q = np.round((b - m.astype(np.float32)) / np.where(d == 0, 1, d).astype(np.float32)).clip(0, 15).astype(np.uint8)
+    q = (
+        np.round((b - m.astype(np.float32)) / np.where(d == 0, 1, d).astype(np.float32))
+        .clip(0, 15)
+        .astype(np.uint8)
+    )
     packed = q[:, :16] | (q[:, 16:] << 4)
     return b"".join(d[i].tobytes() + m[i].tobytes() + packed[i].tobytes() for i in range(len(b)))
 
@@ -103,14 +118,18 @@ def dequant_reference(data: bytes, ttype: int, n: int) -> np.ndarray:
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, map(chr, cs)))
+    return dict(zip(bs, map(chr, cs), strict=True))
 
 
 def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -121,7 +140,8 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i s"]
 TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
@@ -144,31 +164,33 @@ def tiny_llama(tied: bool = True, seed: int = 0) -> TinyLlama:
     tokens = SPECIALS + byte_chars + [m.replace(" ", "") for m in MERGES]
     vocab = len(tokens)
     types = [3] * len(SPECIALS) + [1] * (vocab - len(SPECIALS))
-    spec = GGUFSpec(metadata=[
-        ("general.architecture", STR, "llama"),
-        ("general.name", STR, "tiny"),
-        ("llama.block_count", U32, layers),
-        ("llama.context_length", U32, 256),
-        ("llama.embedding_length", U32, hidden),
-        ("llama.feed_forward_length", U32, ffn),
-        ("llama.attention.head_count", U32, heads),
-        ("llama.attention.head_count_kv", U32, kv),
-        ("llama.rope.freq_base", F32V, 10000.0),
-        ("llama.attention.layer_norm_rms_epsilon", F32V, 1e-5),
-        ("llama.vocab_size", U32, vocab),
-        ("llama.rope.dimension_count", U32, head_dim),
-        ("tokenizer.ggml.model", STR, "gpt2"),
-        ("tokenizer.ggml.pre", STR, "smollm"),
-        ("tokenizer.ggml.tokens", ARR, (STR, tokens)),
-        ("tokenizer.ggml.token_type", ARR, (I32, types)),
-        ("tokenizer.ggml.merges", ARR, (STR, MERGES)),
-        ("tokenizer.ggml.bos_token_id", U32, 1),
-        ("tokenizer.ggml.eos_token_id", U32, 2),
-        ("tokenizer.ggml.unknown_token_id", U32, 0),
-        ("tokenizer.ggml.padding_token_id", U32, 2),
-        ("tokenizer.ggml.add_bos_token", BOOL, False),
-        ("tokenizer.chat_template", STR, TEMPLATE),
-    ])
+    spec = GGUFSpec(
+        metadata=[
+            ("general.architecture", STR, "llama"),
+            ("general.name", STR, "tiny"),
+            ("llama.block_count", U32, layers),
+            ("llama.context_length", U32, 256),
+            ("llama.embedding_length", U32, hidden),
+            ("llama.feed_forward_length", U32, ffn),
+            ("llama.attention.head_count", U32, heads),
+            ("llama.attention.head_count_kv", U32, kv),
+            ("llama.rope.freq_base", F32V, 10000.0),
+            ("llama.attention.layer_norm_rms_epsilon", F32V, 1e-5),
+            ("llama.vocab_size", U32, vocab),
+            ("llama.rope.dimension_count", U32, head_dim),
+            ("tokenizer.ggml.model", STR, "gpt2"),
+            ("tokenizer.ggml.pre", STR, "smollm"),
+            ("tokenizer.ggml.tokens", ARR, (STR, tokens)),
+            ("tokenizer.ggml.token_type", ARR, (I32, types)),
+            ("tokenizer.ggml.merges", ARR, (STR, MERGES)),
+            ("tokenizer.ggml.bos_token_id", U32, 1),
+            ("tokenizer.ggml.eos_token_id", U32, 2),
+            ("tokenizer.ggml.unknown_token_id", U32, 0),
+            ("tokenizer.ggml.padding_token_id", U32, 2),
+            ("tokenizer.ggml.add_bos_token", BOOL, False),
+            ("tokenizer.chat_template", STR, TEMPLATE),
+        ]
+    )
     expected: dict[str, np.ndarray] = {}
 
     def add(gguf_name: str, hf_name: str, w: np.ndarray, ttype: int, permute_heads: int = 0) -> None:
@@ -187,11 +209,38 @@ def tiny_llama(tied: bool = True, seed: int = 0) -> TinyLlama:
     for i in range(layers):
         p, b = f"model.layers.{i}.", f"blk.{i}."
         add(b + "attn_norm.weight", p + "input_layernorm.weight", 1 + rng.normal(0, 0.1, hidden), T_F32)
-        add(b + "attn_q.weight", p + "self_attn.q_proj.weight", rng.normal(0, 0.2, (heads * head_dim, hidden)), T_Q4_1, heads)
-        add(b + "attn_k.weight", p + "self_attn.k_proj.weight", rng.normal(0, 0.2, (kv * head_dim, hidden)), T_Q4_1, kv)
-        add(b + "attn_v.weight", p + "self_attn.v_proj.weight", rng.normal(0, 0.2, (kv * head_dim, hidden)), T_Q4_1)
-        add(b + "attn_output.weight", p + "self_attn.o_proj.weight", rng.normal(0, 0.2, (hidden, hidden)), T_Q4_1)
-        add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", 1 + rng.normal(0, 0.1, hidden), T_F32)
+        add(
+            b + "attn_q.weight",
+            p + "self_attn.q_proj.weight",
+            rng.normal(0, 0.2, (heads * head_dim, hidden)),
+            T_Q4_1,
+            heads,
+        )
+        add(
+            b + "attn_k.weight",
+            p + "self_attn.k_proj.weight",
+            rng.normal(0, 0.2, (kv * head_dim, hidden)),
+            T_Q4_1,
+            kv,
+        )
+        add(
+            b + "attn_v.weight",
+            p + "self_attn.v_proj.weight",
+            rng.normal(0, 0.2, (kv * head_dim, hidden)),
+            T_Q4_1,
+        )
+        add(
+            b + "attn_output.weight",
+            p + "self_attn.o_proj.weight",
+            rng.normal(0, 0.2, (hidden, hidden)),
+            T_Q4_1,
+        )
+        add(
+            b + "ffn_norm.weight",
+            p + "post_attention_layernorm.weight",
+            1 + rng.normal(0, 0.1, hidden),
+            T_F32,
+        )
         add(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", rng.normal(0, 0.2, (ffn, hidden)), T_Q4_1)
         add(b + "ffn_up.weight", p + "mlp.up_proj.weight", rng.normal(0, 0.2, (ffn, hidden)), T_Q4_1)
         add(b + "ffn_down.weight", p + "mlp.down_proj.weight", rng.normal(0, 0.2, (hidden, ffn)), T_Q4_1)

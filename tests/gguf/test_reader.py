@@ -6,7 +6,24 @@ import struct
 
 import numpy as np
 import pytest
-from gguf_synth import ARR, BOOL, F32V, F64, I8, I16, I32, I64, STR, T_F32, U8, U16, U32, U64, GGUFSpec, write_gguf
+from gguf_synth import (
+    ARR,
+    BOOL,
+    F32V,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    STR,
+    T_F32,
+    U8,
+    U16,
+    U32,
+    U64,
+    GGUFSpec,
+    write_gguf,
+)
 
 from keel.gguf.quants import GGMLType
 from keel.gguf.reader import GGUFError, read_gguf
@@ -16,11 +33,22 @@ def _spec(**kw) -> GGUFSpec:
     data = np.arange(64, dtype=np.float32)
     return GGUFSpec(
         metadata=[
-            ("u8", U8, 200), ("i8", I8, -5), ("u16", U16, 60000), ("i16", I16, -300), ("u32", U32, 4_000_000_000),
-            ("i32", I32, -70000), ("f32", F32V, 1e-5), ("bool", BOOL, True), ("str", STR, "héllo"),
-            ("u64", U64, 2**40), ("i64", I64, -(2**40)), ("f64", F64, 0.1),
-            ("arr.i32", ARR, (I32, [1, -2, 3])), ("arr.str", ARR, (STR, ["a", "", "ç"])),
-            ("arr.bool", ARR, (BOOL, [True, False])), ("arr.nested", ARR, (ARR, [(U8, [1, 2]), (U8, [])])),
+            ("u8", U8, 200),
+            ("i8", I8, -5),
+            ("u16", U16, 60000),
+            ("i16", I16, -300),
+            ("u32", U32, 4_000_000_000),
+            ("i32", I32, -70000),
+            ("f32", F32V, 1e-5),
+            ("bool", BOOL, True),
+            ("str", STR, "héllo"),
+            ("u64", U64, 2**40),
+            ("i64", I64, -(2**40)),
+            ("f64", F64, 0.1),
+            ("arr.i32", ARR, (I32, [1, -2, 3])),
+            ("arr.str", ARR, (STR, ["a", "", "ç"])),
+            ("arr.bool", ARR, (BOOL, [True, False])),
+            ("arr.nested", ARR, (ARR, [(U8, [1, 2]), (U8, [])])),
         ],
         tensors=[("a", T_F32, (8, 4), data[:32].tobytes()), ("b", T_F32, (32,), data[32:].tobytes())],
         **kw,
@@ -34,7 +62,14 @@ def test_metadata_and_tensors(tmp_path, alignment):
         spec.metadata.append(("general.alignment", U32, alignment))
     with read_gguf(write_gguf(tmp_path / "m.gguf", spec)) as g:
         md = g.metadata
-        assert (md["u8"], md["i8"], md["u16"], md["i16"], md["u32"], md["i32"]) == (200, -5, 60000, -300, 4e9, -70000)
+        assert (md["u8"], md["i8"], md["u16"], md["i16"], md["u32"], md["i32"]) == (
+            200,
+            -5,
+            60000,
+            -300,
+            4e9,
+            -70000,
+        )
         assert md["f32"] == 1e-5 and md["bool"] is True and md["str"] == "héllo"
         assert (md["u64"], md["i64"], md["f64"]) == (2**40, -(2**40), 0.1)
         assert md["arr.i32"] == [1, -2, 3] and md["arr.str"] == ["a", "", "ç"]

@@ -1,0 +1,149 @@
+"""Benchmark keel vs transformers `generate`: prefill and decode tokens/s at several batch sizes, peak memory.
+
+    python scripts/bench_generate.py --model HuggingFaceTB/SmolLM2-135M-Instruct --dtype bf16
+    python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random   # same shapes, random weights
+
+Each engine runs in its own subprocess so that peak memory (max RSS, or CUDA max allocated) is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SMOLLM2_135M = dict(architectures=["LlamaForCausalLM"], hidden_size=576, intermediate_size=1536,
+                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                    max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                    rope_theta=100000.0, bos_token_id=0, eos_token_id=0)
+
+
+def make_random_smollm2(folder: Path) -> None:
+    """SmolLM2-135M's exact config with random weights, plus a tiny offline tokenizer."""
+    import transformers as tf
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    if (folder / "config.json").is_file():
+        return
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(**{k: v for k, v in SMOLLM2_135M.items() if k != "architectures"})
+    tf.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(SMOLLM2_135M["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def peak_memory_mb(device: str) -> float:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(1, vocab, (batch, prompt_len), generator=g).tolist()
+
+
+def run_keel(args: argparse.Namespace) -> dict:
+    from keel.engine import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False)
+    vocab = llm.config.vocab_size
+    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
+    llm.generate(prompts_for(1, args.prompt_len, vocab), SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+    rows = {}
+    for b in args.batch_sizes:
+        llm.generate(prompts_for(b, args.prompt_len, vocab), SamplingParams(max_tokens=4, ignore_eos=True))
+        if args.profile and b == args.batch_sizes[0]:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                llm.generate(prompts_for(b, args.prompt_len, vocab), SamplingParams(max_tokens=32, ignore_eos=True))
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), file=sys.stderr)
+        llm.generate(prompts_for(b, args.prompt_len, vocab), params)
+        s = llm.stats
+        rows[b] = {"prefill_tok_s": s.prefill_tokens / s.prefill_s, "decode_tok_s": s.decode_tokens / s.decode_s}
+    return {"rows": rows, "peak_mb": peak_memory_mb(args.device), "dtype": str(llm.dtype)}
+
+
+def run_hf(args: argparse.Namespace) -> dict:
+    import transformers as tf
+
+    from keel.engine.llm import resolve_dtype
+    from keel.hf.resolve import resolve_model
+
+    folder = resolve_model(args.model)
+    dtype = resolve_dtype(args.dtype, torch.device(args.device))
+    model = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(args.device).eval()
+    vocab = model.config.vocab_size
+    gen_kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    rows = {}
+    with torch.inference_mode():
+        model.generate(torch.tensor(prompts_for(1, args.prompt_len, vocab)), max_new_tokens=8, min_new_tokens=8,
+                       **gen_kw)  # warm-up
+        for b in args.batch_sizes:
+            ids = torch.tensor(prompts_for(b, args.prompt_len, vocab), device=args.device)
+            t0 = time.perf_counter()
+            model(ids, use_cache=True)  # the prefill alone
+            prefill_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **gen_kw)
+            total_s = time.perf_counter() - t0
+            new = out.shape[1] - ids.shape[1]
+            rows[b] = {"prefill_tok_s": ids.numel() / prefill_s,
+                       "decode_tok_s": b * (new - 1) / max(total_s - prefill_s, 1e-9)}
+    return {"rows": rows, "peak_mb": peak_memory_mb(args.device), "dtype": str(dtype)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="repo id or folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--random-smollm2", type=Path, default=None,
+                   help="build (once) and use a random-init checkpoint with SmolLM2-135M's config in this folder")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--engines", nargs="+", default=["keel", "transformers"], choices=["keel", "transformers"])
+    p.add_argument("--profile", action="store_true", help="print a torch.profiler table of keel's first batch size")
+    p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.random_smollm2 is not None:
+        make_random_smollm2(args.random_smollm2)
+        args.model = str(args.random_smollm2)
+    if args.model is None:
+        from keel.hf.resolve import DEFAULT_MODEL
+
+        args.model = DEFAULT_MODEL
+    if args._worker:
+        print(json.dumps(run_keel(args) if args._worker == "keel" else run_hf(args)))
+        return
+    results = {}
+    for engine in args.engines:
+        cmd = [sys.executable, __file__, "--_worker", engine, "--model", args.model, "--dtype", args.dtype,
+               "--device", args.device, "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
+               "--batch-sizes", *map(str, args.batch_sizes)] + (["--profile"] if args.profile else [])
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+        results[engine] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"model {args.model}, dtype {args.dtype}, device {args.device}, prompt {args.prompt_len} tokens, "
+          f"{args.new_tokens} new tokens, torch threads {torch.get_num_threads()}")
+    print(f"| engine | batch | prefill tok/s | decode tok/s | peak MB |\n|---|---|---|---|---|")
+    for engine, res in results.items():
+        for b, row in res["rows"].items():
+            print(f"| {engine} | {b} | {row['prefill_tok_s']:.0f} | {row['decode_tok_s']:.1f} | {res['peak_mb']:.0f} |")
+    if len(results) == 2:
+        for b in results["keel"]["rows"]:
+            k, h = results["keel"]["rows"][b], results["transformers"]["rows"][b]
+            print(f"batch {b}: keel/transformers decode {k['decode_tok_s'] / h['decode_tok_s']:.2f}x, "
+                  f"prefill {k['prefill_tok_s'] / h['prefill_tok_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

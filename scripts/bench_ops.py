@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""Benchmark keel's ops against torch in the same run.
+
+1. Per-call host overhead (us, tiny tensors, median of repeats): each keel op vs the
+   native torch equivalent (one ATen op where torch has one, else the composite).
+2. Large-tensor throughput (GB/s of bytes read + written, median): fused_muladd vs a*b+c
+   and torch.addcmul at 16M elements; rms_norm vs its torch composite and F.rms_norm.
+
+Ratios > 1 mean keel is faster. Usage: python scripts/bench_ops.py [--device cuda] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+import keel
+from keel import ops
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_time(fn: Callable[[], object], device: str, inner: int, repeats: int) -> float:
+    """Median over `repeats` of the mean seconds per call over `inner` calls."""
+    for _ in range(max(3, inner // 10)):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        sync(device)
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def rope_cache(max_pos: int, rot: int, device: str) -> torch.Tensor:
+    inv = 1.0 / (10000 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    f = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
+    return torch.cat([f.cos(), f.sin()], -1).to(device)
+
+
+def torch_rope(positions, q, k, hs, cache):
+    """HF-style rotate_half rotary on [T, H*hs] q/k (returns new tensors)."""
+    cos, sin = cache[positions].chunk(2, -1)
+    cos, sin = torch.cat([cos, cos], -1).unsqueeze(1), torch.cat([sin, sin], -1).unsqueeze(1)
+
+    def rot(x):
+        x = x.view(x.shape[0], -1, hs)
+        x1, x2 = x.chunk(2, -1)
+        return (x * cos + torch.cat([-x2, x1], -1) * sin).flatten(1)
+
+    return rot(q), rot(k)
+
+
+def overhead_rows(device: str, inner: int, repeats: int) -> list[tuple[str, str, float, float]]:
+    a, b = torch.randn(8, device=device), torch.randn(8, device=device)
+    c = torch.full((8,), 0.5, device=device)
+    x, w = torch.randn(2, 8, device=device), torch.randn(8, device=device)
+    res = torch.randn(2, 8, device=device)
+    pos = torch.arange(2, device=device)
+    q, k = torch.randn(2, 16, device=device), torch.randn(2, 8, device=device)
+    cache = rope_cache(4, 8, device)
+    gu = torch.randn(2, 16, device=device)
+    cases = [
+        ("fused_muladd", lambda: ops.fused_muladd(a, b, 0.5), "torch.addcmul", lambda: torch.addcmul(c, a, b)),
+        ("rms_norm", lambda: ops.rms_norm(x, w, 1e-6), "F.rms_norm", lambda: F.rms_norm(x, (8,), w, 1e-6)),
+        ("fused_add_rms_norm", lambda: ops.fused_add_rms_norm(x, res, w, 1e-6),
+         "add_ + F.rms_norm", lambda: F.rms_norm(res.add_(x), (8,), w, 1e-6)),
+        ("rotary_embedding", lambda: ops.rotary_embedding(pos, q, k, 8, cache, True),
+         "rotate_half composite", lambda: torch_rope(pos, q, k, 8, cache)),
+        ("silu_and_mul", lambda: ops.silu_and_mul(gu), "F.silu(g) * u", lambda: F.silu(gu[:, :8]) * gu[:, 8:]),
+    ]
+    rows = []
+    for name, kfn, peer, tfn in cases:
+        tk = median_time(kfn, device, inner, repeats)
+        tt = median_time(tfn, device, inner, repeats)
+        rows.append((name, peer, tk * 1e6, tt * 1e6))
+    # a single trivial ATen op, for scale
+    t_add = median_time(lambda: torch.add(a, b), device, inner, repeats)
+    rows.append(("(reference) torch.add", "-", t_add * 1e6, t_add * 1e6))
+    return rows
+
+
+def throughput_rows(device: str, n: int, repeats: int) -> list[tuple[str, str, float, float]]:
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(n, device=device, dtype=dtype)
+        b = torch.randn(n, device=device, dtype=dtype)
+        c = torch.full((n,), 0.5, device=device, dtype=dtype)
+        gb = 3 * n * a.element_size() / 1e9  # read a, b; write out
+        tk = median_time(lambda: ops.fused_muladd(a, b, 0.5), device, 3, repeats)
+        for peer, fn in (("a*b+c", lambda: a * b + 0.5), ("torch.addcmul", lambda: torch.addcmul(c, a, b))):
+            tt = median_time(fn, device, 3, repeats)
+            rows.append((f"fused_muladd {str(dtype)[6:]} {n / 1e6:.0f}M", peer, gb / tk, gb / tt))
+        del a, b, c
+        rows_, hidden = 4096, 4096
+        x = torch.randn(rows_, hidden, device=device, dtype=dtype)
+        w = torch.randn(hidden, device=device, dtype=dtype)
+        gb = 2 * x.numel() * x.element_size() / 1e9
+
+        def composite():
+            xf = x.float()
+            return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+
+        tk = median_time(lambda: ops.rms_norm(x, w, 1e-6), device, 3, repeats)
+        for peer, fn in (("torch composite", composite), ("F.rms_norm", lambda: F.rms_norm(x, (hidden,), w, 1e-6))):
+            tt = median_time(fn, device, 3, repeats)
+            rows.append((f"rms_norm {str(dtype)[6:]} [4096, 4096]", peer, gb / tk, gb / tt))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    args = ap.parse_args()
+    inner, repeats = (200, 5) if args.quick else (2000, 15)
+    n = (1 << 22) if args.quick else (1 << 24)
+    print(f"keel {keel.__version__} | torch {torch.__version__} | device {args.device} | "
+          f"threads {torch.get_num_threads()} | libs {sorted(keel._native.loaded_libraries())}\n")
+    print("Per-call host overhead (tiny tensors, median us/call; ratio = peer / keel, > 1: keel cheaper)\n")
+    print("| op | keel us | peer | peer us | ratio |\n|---|---:|---|---:|---:|")
+    for name, peer, tk, tt in overhead_rows(args.device, inner, repeats):
+        print(f"| {name} | {tk:.2f} | {peer} | {tt:.2f} | {tt / tk:.2f}x |")
+    print("\nThroughput (GB/s moved, median; ratio = keel / peer, > 1: keel faster)\n")
+    print("| case | peer | keel GB/s | peer GB/s | ratio |\n|---|---|---:|---:|---:|")
+    for name, peer, gk, gt in throughput_rows(args.device, n, max(5, repeats // 2)):
+        print(f"| {name} | {peer} | {gk:.1f} | {gt:.1f} | {gk / gt:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

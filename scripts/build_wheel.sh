@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Builds keel's abi3 wheel into dist/ with the torch of the given environment
+# (default .venv, torch 2.13.0), then audits the wheel as a release gate.
+#   scripts/build_wheel.sh [VENV_DIR]
+# Options (environment): KEEL_CUDA=on|off|auto, KEEL_CUDA_ARCHS="80;90", KEEL_TORCH_TARGET=2.10
+source "$(dirname "$0")/env.sh"
+VENV="${1:-$KEEL_ROOT/.venv}"
+keel_venv "$VENV" "${KEEL_BUILD_TORCH:-2.13.0}"
+PY="$VENV/bin/python"
+"$PY" -m pip install -q -r "$KEEL_ROOT/requirements-build.txt"
+
+cd "$KEEL_ROOT"
+rm -rf build/lib* dist/keel-*.whl
+# No build isolation: the wheel is built against the torch installed in $VENV.
+# setup.py audits the freshly built libraries and writes the audited torch floor into the wheel.
+"$PY" -m pip wheel . --no-build-isolation --no-deps -w dist
+WHEEL="$(ls dist/keel-*.whl)"
+echo "== built $WHEEL"
+# Gate the artifact itself (read straight from the zip).
+"$PY" scripts/audit_source.py "$WHEEL" --target-torch "${KEEL_TORCH_TARGET:-2.10}" --require-stable

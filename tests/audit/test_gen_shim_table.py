@@ -1,0 +1,75 @@
+"""The table generator: guards become versions, header/export disagreements are recorded."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER = """
+#pragma once
+AOTI_TORCH_EXPORT AOTITorchError aoti_torch_old(int x);
+#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_10_0
+AOTI_TORCH_EXPORT AOTITorchError
+torch_split_decl(int a,
+                 int b);
+#ifdef USE_CUDA
+AOTI_TORCH_EXPORT int32_t torch_cuda_thing(); // inside two guards
+#endif
+#endif // TORCH_FEATURE_VERSION >= TORCH_VERSION_2_10_0
+#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_14_0
+AOTI_TORCH_EXPORT int32_t torch_brand_new();
+#endif
+"""
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_shim_table", REPO / "scripts/gen_shim_table.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_shim_table"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_header_guards(tmp_path: Path) -> None:
+    header = tmp_path / "shim.h"
+    header.write_text(HEADER)
+    assert _generator().header_symbols(header) == {
+        "aoti_torch_old": "2.9",
+        "torch_split_decl": "2.10",
+        "torch_cuda_thing": "2.10",
+        "torch_brand_new": "2.14",
+    }
+
+
+def test_merge_records_disagreements() -> None:
+    gen = _generator()
+    a = {
+        "version": "2.13.0",
+        "declared": {"torch_x": "2.12", "torch_gone": "2.9"},
+        "exported": {"torch_x": "libtorch_cpu.so", "torch_hidden": "libtorch_cpu.so"},
+        "python_globals": {"THPVariableClass"},
+        "has_cuda": False,
+    }
+    b = {
+        "version": "2.14.1",
+        "declared": {"torch_x": "2.12", "torch_new": "2.14", "torch_gone": "2.9"},
+        "exported": {
+            "torch_x": "libtorch_cpu.so",
+            "torch_new": "libtorch_cpu.so",
+            "torch_gone": "libtorch_cpu.so",
+        },
+        "python_globals": set(),
+        "has_cuda": True,
+    }
+    table = gen.merge([b, a])
+    assert table["torch_versions"] == ["2.13.0", "2.14.1"]
+    assert {k: v["since"] for k, v in table["symbols"].items()} == {
+        "torch_x": "2.12",
+        "torch_gone": "2.9",
+        "torch_hidden": "2.13",
+        "torch_new": "2.14",
+    }
+    kinds = {(d["symbol"], d["kind"]) for d in table["disagreements"]}
+    assert kinds == {("torch_gone", "declared-not-exported"), ("torch_hidden", "exported-not-declared")}
