@@ -18,10 +18,21 @@ from pathlib import Path
 
 import torch
 
-SMOLLM2_135M = dict(architectures=["LlamaForCausalLM"], hidden_size=576, intermediate_size=1536,
-                    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                    max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                    rope_theta=100000.0, bos_token_id=0, eos_token_id=0)
+SMOLLM2_135M = dict(
+    architectures=["LlamaForCausalLM"],
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    rope_theta=100000.0,
+    bos_token_id=0,
+    eos_token_id=0,
+)
 
 
 def make_random_smollm2(folder: Path) -> None:
@@ -56,7 +67,9 @@ def run_keel(args: argparse.Namespace) -> dict:
     llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False)
     vocab = llm.config.vocab_size
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
-    llm.generate(prompts_for(1, args.prompt_len, vocab), SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+    llm.generate(
+        prompts_for(1, args.prompt_len, vocab), SamplingParams(max_tokens=8, ignore_eos=True)
+    )  # warm-up
     rows = {}
     for b in args.batch_sizes:
         llm.generate(prompts_for(b, args.prompt_len, vocab), SamplingParams(max_tokens=4, ignore_eos=True))
@@ -64,11 +77,16 @@ def run_keel(args: argparse.Namespace) -> dict:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                llm.generate(prompts_for(b, args.prompt_len, vocab), SamplingParams(max_tokens=32, ignore_eos=True))
+                llm.generate(
+                    prompts_for(b, args.prompt_len, vocab), SamplingParams(max_tokens=32, ignore_eos=True)
+                )
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), file=sys.stderr)
         llm.generate(prompts_for(b, args.prompt_len, vocab), params)
         s = llm.stats
-        rows[b] = {"prefill_tok_s": s.prefill_tokens / s.prefill_s, "decode_tok_s": s.decode_tokens / s.decode_s}
+        rows[b] = {
+            "prefill_tok_s": s.prefill_tokens / s.prefill_s,
+            "decode_tok_s": s.decode_tokens / s.decode_s,
+        }
     return {"rows": rows, "peak_mb": peak_memory_mb(args.device), "dtype": str(llm.dtype)}
 
 
@@ -85,34 +103,45 @@ def run_hf(args: argparse.Namespace) -> dict:
     gen_kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     rows = {}
     with torch.inference_mode():
-        model.generate(torch.tensor(prompts_for(1, args.prompt_len, vocab)), max_new_tokens=8, min_new_tokens=8,
-                       **gen_kw)  # warm-up
+        model.generate(
+            torch.tensor(prompts_for(1, args.prompt_len, vocab)), max_new_tokens=8, min_new_tokens=8, **gen_kw
+        )  # warm-up
         for b in args.batch_sizes:
             ids = torch.tensor(prompts_for(b, args.prompt_len, vocab), device=args.device)
             t0 = time.perf_counter()
             model(ids, use_cache=True)  # the prefill alone
             prefill_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **gen_kw)
+            out = model.generate(
+                ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, **gen_kw
+            )
             total_s = time.perf_counter() - t0
             new = out.shape[1] - ids.shape[1]
-            rows[b] = {"prefill_tok_s": ids.numel() / prefill_s,
-                       "decode_tok_s": b * (new - 1) / max(total_s - prefill_s, 1e-9)}
+            rows[b] = {
+                "prefill_tok_s": ids.numel() / prefill_s,
+                "decode_tok_s": b * (new - 1) / max(total_s - prefill_s, 1e-9),
+            }
     return {"rows": rows, "peak_mb": peak_memory_mb(args.device), "dtype": str(dtype)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="repo id or folder (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--random-smollm2", type=Path, default=None,
-                   help="build (once) and use a random-init checkpoint with SmolLM2-135M's config in this folder")
+    p.add_argument(
+        "--random-smollm2",
+        type=Path,
+        default=None,
+        help="build (once) and use a random-init checkpoint with SmolLM2-135M's config in this folder",
+    )
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--engines", nargs="+", default=["keel", "transformers"], choices=["keel", "transformers"])
-    p.add_argument("--profile", action="store_true", help="print a torch.profiler table of keel's first batch size")
+    p.add_argument(
+        "--profile", action="store_true", help="print a torch.profiler table of keel's first batch size"
+    )
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.random_smollm2 is not None:
@@ -127,22 +156,48 @@ def main() -> None:
         return
     results = {}
     for engine in args.engines:
-        cmd = [sys.executable, __file__, "--_worker", engine, "--model", args.model, "--dtype", args.dtype,
-               "--device", args.device, "--prompt-len", str(args.prompt_len), "--new-tokens", str(args.new_tokens),
-               "--batch-sizes", *map(str, args.batch_sizes)] + (["--profile"] if args.profile else [])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--_worker",
+            engine,
+            "--model",
+            args.model,
+            "--dtype",
+            args.dtype,
+            "--device",
+            args.device,
+            "--prompt-len",
+            str(args.prompt_len),
+            "--new-tokens",
+            str(args.new_tokens),
+            "--batch-sizes",
+            *map(str, args.batch_sizes),
+        ] + (["--profile"] if args.profile else [])
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
         results[engine] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"model {args.model}, dtype {args.dtype}, device {args.device}, prompt {args.prompt_len} tokens, "
-          f"{args.new_tokens} new tokens, torch threads {torch.get_num_threads()}")
-    print(f"| engine | batch | prefill tok/s | decode tok/s | peak MB |\n|---|---|---|---|---|")
+    print(
+        f"model {args.model}, dtype {args.dtype}, device {args.device}, prompt {args.prompt_len} tokens, "
+        f"{args.new_tokens} new tokens, torch threads {torch.get_num_threads()}"
+    )
+    print("| engine | batch | prefill tok/s | decode tok/s | peak MB |\n|---|---|---|---|---|")
     for engine, res in results.items():
         for b, row in res["rows"].items():
-            print(f"| {engine} | {b} | {row['prefill_tok_s']:.0f} | {row['decode_tok_s']:.1f} | {res['peak_mb']:.0f} |")
+            cells = [
+                engine,
+                b,
+                f"{row['prefill_tok_s']:.0f}",
+                f"{row['decode_tok_s']:.1f}",
+                f"{res['peak_mb']:.0f}",
+            ]
+            print("| " + " | ".join(map(str, cells)) + " |")
     if len(results) == 2:
         for b in results["keel"]["rows"]:
             k, h = results["keel"]["rows"][b], results["transformers"]["rows"][b]
-            print(f"batch {b}: keel/transformers decode {k['decode_tok_s'] / h['decode_tok_s']:.2f}x, "
-                  f"prefill {k['prefill_tok_s'] / h['prefill_tok_s']:.2f}x")
+            print(
+                f"batch {b}: keel/transformers decode {k['decode_tok_s'] / h['decode_tok_s']:.2f}x, "
+                f"prefill {k['prefill_tok_s'] / h['prefill_tok_s']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_
   check_same_device(kOp, "cos_sin_cache", cos_sin_cache, "q", q);
   const DType dt = check_float_dtype(kOp, "q", q);
   check_same_dtype(kOp, "k", k, "q", q);
-  KEEL_CHECK(positions.scalar_type() == ScalarType::Long, kOp, ": positions must be int64, got ",
+  KEEL_CHECK(dtype_code(positions) == shim_codes().int64, kOp, ": positions must be int64, got ",
              scalar_type_name(positions.scalar_type()));
   KEEL_CHECK(positions.dim() == 1 || positions.dim() == 2, kOp,
              ": positions must be 1-D [num_tokens] or 2-D [batch, seq], got shape ", shape_str(positions));
@@ -67,14 +67,14 @@ void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_
   KEEL_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_size, kOp,
              ": cos_sin_cache must be [max_position, rot_dim] with an even rot_dim <= head_size=", head_size,
              ", got shape ", shape_str(cos_sin_cache));
-  const ScalarType cache_t = cos_sin_cache.scalar_type();
-  KEEL_CHECK(cache_t == ScalarType::Float || cache_t == q.scalar_type(), kOp,
+  const int32_t cache_t = dtype_code(cos_sin_cache);
+  KEEL_CHECK(cache_t == shim_codes().float32 || cache_t == dtype_code(q), kOp,
              ": cos_sin_cache must be float32 or the dtype of q (", scalar_type_name(q.scalar_type()),
-             "), got ", scalar_type_name(cache_t));
+             "), got ", scalar_type_name(cos_sin_cache.scalar_type()));
 
   RotaryParams p{};
   p.dtype = dt;
-  p.cache_dtype = cache_t == ScalarType::Float ? DType::kFloat32 : dt;
+  p.cache_dtype = cache_t == shim_codes().float32 ? DType::kFloat32 : dt;
   p.q = describe("q", q, positions, head_size);
   p.k = describe("k", k, positions, head_size);
   p.num_tokens = positions.numel();

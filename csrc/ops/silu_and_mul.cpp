@@ -20,7 +20,7 @@ Tensor silu_and_mul(const Tensor& x) {
              shape_str(x));
   std::vector<int64_t> out_sizes = sizes_of(x);
   out_sizes.back() /= 2;
-  Tensor out = empty_contiguous(out_sizes, x.scalar_type(), x);
+  Tensor out = empty_contiguous(out_sizes, dtype_code(x), x);
 
   SiluAndMulParams p{};
   p.dtype = dt;

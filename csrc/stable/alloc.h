@@ -9,9 +9,8 @@
 
 namespace keel {
 
-// A new contiguous tensor with `sizes`, on `like`'s device, with dtype `dtype`.
-inline Tensor empty_contiguous(const std::vector<int64_t>& sizes, ScalarType dtype,
-                               const Tensor& like) {
+// A new contiguous tensor with `sizes`, on `like`'s device, with the shim dtype code `dt`.
+inline Tensor empty_contiguous(const std::vector<int64_t>& sizes, int32_t dt, const Tensor& like) {
   std::vector<int64_t> strides(sizes.size());
   int64_t s = 1;
   for (size_t i = sizes.size(); i-- > 0;) {
@@ -22,7 +21,6 @@ inline Tensor empty_contiguous(const std::vector<int64_t>& sizes, ScalarType dty
   int32_t device_index = 0;
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
-  const int32_t dt = torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype));
   AtenTensorHandle out = nullptr;
   TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(),
                                                   strides.data(), dt, device_type, device_index,
@@ -38,7 +36,7 @@ inline std::vector<int64_t> sizes_of(const Tensor& t) {
 
 // A new contiguous tensor with the shape, dtype and device of `t`.
 inline Tensor empty_like_contiguous(const Tensor& t) {
-  return empty_contiguous(sizes_of(t), t.scalar_type(), t);
+  return empty_contiguous(sizes_of(t), dtype_code(t), t);
 }
 
 }  // namespace keel

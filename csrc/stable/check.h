@@ -35,29 +35,28 @@ namespace keel {
 
 // dtype must be one of the floating types keel's kernels are built for.
 inline DType check_float_dtype(const char* op, const char* arg, const Tensor& t) {
-  switch (t.scalar_type()) {
-    case ScalarType::Float: return DType::kFloat32;
-    case ScalarType::BFloat16: return DType::kBFloat16;
-    case ScalarType::Half: return DType::kFloat16;
-    default:
-      detail::fail(op, ": ", arg, " must be float32, bfloat16 or float16, got ",
-                   scalar_type_name(t.scalar_type()));
-  }
+  const int32_t d = dtype_code(t);
+  const ShimCodes& c = shim_codes();
+  if (d == c.float32) return DType::kFloat32;
+  if (d == c.bfloat16) return DType::kBFloat16;
+  if (d == c.float16) return DType::kFloat16;
+  detail::fail(op, ": ", arg, " must be float32, bfloat16 or float16, got ", scalar_type_name(t.scalar_type()));
 }
 
 inline void check_same_dtype(const char* op, const char* arg, const Tensor& t,
                              const char* ref_arg, const Tensor& ref) {
-  KEEL_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", arg, " must have the dtype of ",
+  KEEL_CHECK(dtype_code(t) == dtype_code(ref), op, ": ", arg, " must have the dtype of ",
              ref_arg, " (", scalar_type_name(ref.scalar_type()), "), got ",
              scalar_type_name(t.scalar_type()));
 }
 
 inline void check_same_device(const char* op, const char* arg, const Tensor& t,
                               const char* ref_arg, const Tensor& ref) {
-  const bool same = t.is_cpu() == ref.is_cpu() && t.is_cuda() == ref.is_cuda() &&
-                    (!t.is_cuda() || t.get_device_index() == ref.get_device_index());
-  KEEL_CHECK(same, op, ": ", arg, " must be on the device of ", ref_arg, " (", device_name(ref),
-             "), got ", device_name(t));
+  int32_t tt = 0, ti = 0, rt = 0, ri = 0;
+  device_code(t, &tt, &ti);
+  device_code(ref, &rt, &ri);
+  KEEL_CHECK(tt == rt && ti == ri, op, ": ", arg, " must be on the device of ", ref_arg, " (",
+             device_name(ref), "), got ", device_name(t));
 }
 
 inline void check_dim(const char* op, const char* arg, const Tensor& t, int64_t dim) {

@@ -15,10 +15,12 @@ namespace keel {
 
 // `t` must live on the device kind this library implements (CPU in _C, CUDA in _C_cuda).
 inline void check_library_device(const char* op, const char* arg, const Tensor& t) {
+  int32_t type = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
 #ifdef KEEL_CUDA_LIBRARY
-  KEEL_CHECK(t.is_cuda(), op, ": ", arg, " must be a CUDA tensor, got ", device_name(t));
+  KEEL_CHECK(type == shim_codes().cuda, op, ": ", arg, " must be a CUDA tensor, got ", device_name(t));
 #else
-  KEEL_CHECK(t.is_cpu(), op, ": ", arg, " must be a CPU tensor, got ", device_name(t));
+  KEEL_CHECK(type == shim_codes().cpu, op, ": ", arg, " must be a CPU tensor, got ", device_name(t));
 #endif
 }
 

@@ -18,9 +18,11 @@ inline RowLayout row_layout(const char* op, const char* arg, const Tensor& t, in
   int64_t strides[64];
   int32_t n = 0;
   KEEL_CHECK(lead <= 64, op, ": ", arg, " has too many dimensions (", t.dim(), ")");
+  const auto all_sizes = t.sizes();
+  const auto all_strides = t.strides();
   for (int64_t d = 0; d < lead; ++d) {
-    const int64_t sz = t.size(d);
-    const int64_t st = t.stride(d);
+    const int64_t sz = all_sizes[d];
+    const int64_t st = all_strides[d];
     if (sz == 1) continue;
     if (n > 0 && strides[n - 1] == st * sz) {  // previous dim steps exactly over this one
       sizes[n - 1] *= sz;

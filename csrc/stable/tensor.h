@@ -18,6 +18,33 @@ namespace keel {
 using Tensor = torch::stable::Tensor;
 using ScalarType = torch::headeronly::ScalarType;
 
+// The shim's integer codes for the dtypes and device types keel checks, read once.
+// (torch's own ScalarType conversion asks the shim for each candidate code on every call.)
+struct ShimCodes {
+  int32_t float32, bfloat16, float16, int64;
+  int32_t cpu, cuda;
+};
+
+inline const ShimCodes& shim_codes() {
+  static const ShimCodes codes{aoti_torch_dtype_float32(), aoti_torch_dtype_bfloat16(),
+                               aoti_torch_dtype_float16(),  aoti_torch_dtype_int64(),
+                               aoti_torch_device_type_cpu(), aoti_torch_device_type_cuda()};
+  return codes;
+}
+
+// The shim's dtype code of `t` (one C call).
+inline int32_t dtype_code(const Tensor& t) {
+  int32_t d = 0;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_dtype(t.get(), &d));
+  return d;
+}
+
+// The shim's device type code and index of `t`.
+inline void device_code(const Tensor& t, int32_t* type, int32_t* index) {
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), type));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), index));
+}
+
 // Human-readable name of a torch dtype, for error messages.
 inline std::string scalar_type_name(ScalarType t) {
   switch (t) {

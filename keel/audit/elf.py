@@ -202,23 +202,25 @@ def _symbols(
     count = len(raw) // entsize
     vers = list(struct.unpack(f"{endian}{len(versym) // 2}H", versym[: len(versym) // 2 * 2]))
     vers = vers[:count] + [0] * (count - len(vers))
-    undefined: list[Symbol] = []
-    defined: list[Symbol] = []
-    bindings, vget, find = _BINDINGS, vnames.get, strtab.find
-    for (st_name, st_info, st_other, st_shndx), ver in zip(
-        struct.iter_unpack(fmt, raw[: count * entsize]), vers, strict=True
-    ):
-        binding = bindings.get(st_info >> 4)
-        if binding is None or not st_name:
-            continue
-        end = find(b"\0", st_name)
-        if end < 0:
-            raise ElfFormatError("malformed ELF: a symbol name runs past .dynstr")
-        sym = Symbol(strtab[st_name:end].decode("utf-8", "replace"), binding, vget(ver & 0x7FFF))
-        if st_shndx == 0:
-            undefined.append(sym)
-        elif st_other & 0x3 in (0, 3):  # default or protected visibility
-            defined.append(sym)
+    if not strtab.endswith(b"\0"):
+        raise ElfFormatError("malformed ELF: .dynstr does not end with a NUL byte")
+    # latin-1 keeps byte offsets; names are re-decoded as UTF-8 only when not ASCII
+    text = strtab.decode("latin-1")
+    bindings, vget, find = _BINDINGS, vnames.get, text.find
+    rows = [
+        (n, bindings[i >> 4], o & 0x3, sh, v & 0x7FFF)
+        for (n, i, o, sh), v in zip(struct.iter_unpack(fmt, raw[: count * entsize]), vers, strict=True)
+        if n and (i >> 4) in bindings
+    ]
+    if rows and max(r[0] for r in rows) >= len(text):
+        raise ElfFormatError("malformed ELF: a symbol name starts past the end of .dynstr")
+    syms = [(Symbol(text[n : find("\0", n)], b, vget(v)), sh, o) for n, b, o, sh, v in rows]
+    if not strtab.isascii():
+        syms = [
+            (s._replace(name=s.name.encode("latin-1").decode("utf-8", "replace")), sh, o) for s, sh, o in syms
+        ]
+    undefined = [s for s, sh, _ in syms if sh == 0]
+    defined = [s for s, sh, o in syms if sh != 0 and o in (0, 3)]  # default or protected visibility
     return tuple(undefined), tuple(defined)
 
 

@@ -15,7 +15,9 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"BlockManager: num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"BlockManager: num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}"
+            )
         self.num_blocks, self.block_size = num_blocks, block_size
         ids = list(range(num_blocks))
         if shuffle_seed is not None:  # tests: block tables that are anything but contiguous
@@ -36,8 +38,10 @@ class BlockManager:
         """A block table with room for `num_tokens` tokens."""
         need = self.blocks_for(num_tokens)
         if need > self.num_blocks:
-            raise CacheFullError(f"a sequence of {num_tokens} tokens needs {need} blocks of {self.block_size}; "
-                                 f"the KV cache has only {self.num_blocks}")
+            raise CacheFullError(
+                f"a sequence of {num_tokens} tokens needs {need} blocks of {self.block_size}; "
+                f"the KV cache has only {self.num_blocks}"
+            )
         if need > len(self._free):
             raise CacheFullError(f"need {need} free blocks, have {len(self._free)}")
         return [self._free.popleft() for _ in range(need)]

@@ -18,8 +18,14 @@ from keel.hf.resolve import DEFAULT_MODEL, resolve_model
 from keel.hf.tokenizer import IncrementalDetokenizer, Tokenizer
 
 StreamCallback = Callable[[int, str], None]  # (prompt index, text delta)
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,8 +55,11 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 where the hardware does it natively, else fp32 (CPU) / fp16 (old GPUs)."""
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported() \
+    return (
+        torch.bfloat16
+        if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
         else torch.float32
+    )
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -66,9 +75,18 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 class LLM:
     """A loaded model plus tokenizer; `generate` runs many prompts in one batched engine loop."""
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = None,
-                 device: str | None = None, revision: str | None = None, block_size: int = 16,
-                 max_num_seqs: int = 64, max_kv_cache_bytes: int = 4 << 30, progress: bool = True) -> None:
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        dtype: str | torch.dtype | None = None,
+        device: str | None = None,
+        revision: str | None = None,
+        block_size: int = 16,
+        max_num_seqs: int = 64,
+        max_kv_cache_bytes: int = 4 << 30,
+        progress: bool = True,
+    ) -> None:
         self.folder = resolve_model(model, revision)
         self.config = ModelConfig.from_file(self.folder / "config.json")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -86,15 +104,23 @@ class LLM:
         if not ids:
             raise ValueError(f"prompt {index} is empty after tokenization; expected at least one token")
         if len(ids) >= limit:
-            raise ValueError(f"prompt {index} has {len(ids)} tokens; the model's context is {limit} tokens "
-                             f"(max_position_embeddings), so at most {limit - 1} prompt tokens fit")
+            raise ValueError(
+                f"prompt {index} has {len(ids)} tokens; the model's context is {limit} tokens "
+                f"(max_position_embeddings), so at most {limit - 1} prompt tokens fit"
+            )
         gen = None
         if params.seed is not None:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed)
-        return Sequence(index=index, prompt=prompt if isinstance(prompt, str) else None, prompt_token_ids=ids,
-                        params=params, max_len=min(len(ids) + params.max_tokens, limit),
-                        detok=IncrementalDetokenizer(self.tokenizer, ids), generator=gen)
+        return Sequence(
+            index=index,
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=ids,
+            params=params,
+            max_len=min(len(ids) + params.max_tokens, limit),
+            detok=IncrementalDetokenizer(self.tokenizer, ids),
+            generator=gen,
+        )
 
     def _ensure_cache(self, seqs: list[Sequence], shuffle_seed: int | None) -> None:
         bm = self.runner.block_manager
@@ -102,23 +128,31 @@ class LLM:
         budget = max(1, self.max_kv_cache_bytes // self.runner.kv_bytes_per_block())
         biggest = max(bm.blocks_for(s.max_len) for s in seqs)
         if biggest > budget:
-            raise ValueError(f"a request needs {biggest} KV blocks but max_kv_cache_bytes allows {budget}; "
-                             f"raise max_kv_cache_bytes or lower max_tokens")
+            raise ValueError(
+                f"a request needs {biggest} KV blocks but max_kv_cache_bytes allows {budget}; "
+                f"raise max_kv_cache_bytes or lower max_tokens"
+            )
         want = min(max(need, biggest), budget)
         if want > self.runner.num_blocks or shuffle_seed is not None:
             self.runner.allocate_kv_cache(max(want, self.runner.num_blocks), shuffle_seed)
 
-    def generate(self, prompts: str | list[str] | list[list[int]],
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-                 stream: StreamCallback | None = None, shuffle_blocks_seed: int | None = None
-                 ) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        stream: StreamCallback | None = None,
+        shuffle_blocks_seed: int | None = None,
+    ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); `stream(i, delta)` gets text as it is produced."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling_params or SamplingParams()
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams; expected one or as many")
+            raise ValueError(
+                f"got {len(prompts)} prompts but {len(plist)} SamplingParams; expected one or as many"
+            )
         seqs = [self._make_seq(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, plist, strict=True))]
         self._ensure_cache(seqs, shuffle_blocks_seed)
         self.stats = GenerateStats()
@@ -126,26 +160,42 @@ class LLM:
         for s in seqs:
             s.start_s = start
         self._run(seqs, stream)
-        return [RequestOutput(s.prompt, s.prompt_token_ids, s.text, s.output_ids,
-                              s.finish.value if s.finish else "length", s.first_token_s - start, s.end_s - start)
-                for s in seqs]
+        return [
+            RequestOutput(
+                s.prompt,
+                s.prompt_token_ids,
+                s.text,
+                s.output_ids,
+                s.finish.value if s.finish else "length",
+                s.first_token_s - start,
+                s.end_s - start,
+            )
+            for s in seqs
+        ]
 
-    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]],
-             sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-             stream: StreamCallback | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        stream: StreamCallback | None = None,
+    ) -> list[RequestOutput]:
         """Render one conversation (or a list of them) with the chat template, then generate."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         ids = [self.tokenizer.encode_chat(c) for c in convs]  # type: ignore[arg-type]
         return self.generate(ids, sampling_params, stream=stream)
 
     def _run(self, seqs: list[Sequence], stream: StreamCallback | None) -> None:
-        """The engine loop: admit waiting sequences (prefill) when blocks allow, else decode the running ones."""
+        """Engine loop: admit waiting sequences (prefill) while blocks allow, else decode the running ones."""
         bm = self.runner.block_manager
         waiting, running = deque(seqs), []
         while waiting or running:
             batch: list[Sequence] = []
-            while (waiting and len(running) + len(batch) < self.max_num_seqs
-                   and bm.can_allocate(waiting[0].max_len)):
+            while (
+                waiting
+                and len(running) + len(batch) < self.max_num_seqs
+                and bm.can_allocate(waiting[0].max_len)
+            ):
                 seq = waiting.popleft()
                 seq.block_table = bm.allocate(seq.max_len)
                 batch.append(seq)
@@ -194,5 +244,5 @@ class LLM:
             holdback = 0
         ready = len(seq.text) - holdback
         if stream is not None and ready > seq.streamed:
-            stream(seq.index, seq.text[seq.streamed:ready])
+            stream(seq.index, seq.text[seq.streamed : ready])
             seq.streamed = ready

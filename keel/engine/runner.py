@@ -14,8 +14,9 @@ from keel.models import get_model_class
 from keel.models.llama import AttnContext, LlamaForCausalLM
 
 
-def load_model(folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               progress: bool = True) -> LlamaForCausalLM:
+def load_model(
+    folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, progress: bool = True
+) -> LlamaForCausalLM:
     """Build the model without initialising it (meta device), then fill it from the checkpoint."""
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
@@ -82,9 +83,17 @@ class ModelRunner:
         mask = key_pos < ctx_lens
         if self.config.sliding_window is not None:
             mask &= key_pos > ctx_lens - 1 - self.config.sliding_window
-        ctx = AttnContext(is_prefill=False, slot_mapping=self._tensor([bm.slot(s.block_table, n - 1) for s, n in
-                                                                       zip(seqs, lens, strict=True)]),
-                          block_tables=tables, attn_mask=mask[:, None, None, :])
+        bias = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(
+            ~mask, float("-inf")
+        )
+        ctx = AttnContext(
+            is_prefill=False,
+            slot_mapping=self._tensor(
+                [bm.slot(s.block_table, n - 1) for s, n in zip(seqs, lens, strict=True)]
+            ),
+            block_tables=tables,
+            attn_bias=bias[:, None, None, :],
+        )
         return self._tensor([s.token_ids[-1] for s in seqs]), self._tensor([n - 1 for n in lens]), ctx
 
     @torch.inference_mode()

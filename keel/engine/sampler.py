@@ -8,7 +8,7 @@ from keel.engine.sequence import Sequence
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> None:
-    """In place on one row [V]: seen tokens' logits divided (positive) or multiplied (negative) by `penalty`."""
+    """In place on one row [V]: seen tokens' logits divided (if > 0) or multiplied (if < 0) by `penalty`."""
     scores = logits[seen]
     logits[seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
 

@@ -46,4 +46,4 @@ class Sequence:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt:]
+        return self.token_ids[self.num_prompt :]

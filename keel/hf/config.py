@@ -29,7 +29,9 @@ class RopeConfig:
 
     def __post_init__(self) -> None:
         if self.rope_type not in ("default", "llama3"):
-            raise ConfigError(f"rope type {self.rope_type!r} is not supported; expected 'default' or 'llama3'")
+            raise ConfigError(
+                f"rope type {self.rope_type!r} is not supported; expected 'default' or 'llama3'"
+            )
         if self.theta <= 0:
             raise ConfigError(f"rope_theta must be > 0, got {self.theta}")
 
@@ -60,21 +62,36 @@ class ModelConfig:
     bos_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"config.json: {name} must be a positive integer, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"config.json: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})")
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
-            raise ConfigError(f"config.json: head_dim must be even for rotary embeddings, got {self.head_dim}")
+            raise ConfigError(
+                f"config.json: head_dim must be even for rotary embeddings, got {self.head_dim}"
+            )
         if self.hidden_act != "silu":
-            raise ConfigError(f"config.json: hidden_act {self.hidden_act!r} is not supported; expected 'silu'")
+            raise ConfigError(
+                f"config.json: hidden_act {self.hidden_act!r} is not supported; expected 'silu'"
+            )
         if self.sliding_window is not None and self.sliding_window <= 0:
-            raise ConfigError(f"config.json: sliding_window must be positive or null, got {self.sliding_window}")
+            raise ConfigError(
+                f"config.json: sliding_window must be positive or null, got {self.sliding_window}"
+            )
 
     @property
     def q_size(self) -> int:
@@ -91,8 +108,17 @@ class ModelConfig:
         if not archs:
             raise ConfigError("config.json: 'architectures' is missing; expected e.g. ['LlamaForCausalLM']")
         arch = archs[0]
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads") if k not in raw]
+        missing = [
+            k
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+            )
+            if k not in raw
+        ]
         if missing:
             raise ConfigError(f"config.json: required keys missing: {', '.join(missing)}")
         heads = raw["num_attention_heads"]
@@ -155,10 +181,14 @@ def _rope_from_dict(raw: dict[str, Any]) -> RopeConfig:
     if rope_type == "default":
         return RopeConfig(theta=float(theta))
     if rope_type != "llama3":
-        raise ConfigError(f"config.json: rope type {rope_type!r} is not supported; expected 'default' or 'llama3'")
+        raise ConfigError(
+            f"config.json: rope type {rope_type!r} is not supported; expected 'default' or 'llama3'"
+        )
     try:
         return RopeConfig(
-            theta=float(theta), rope_type="llama3", factor=float(params["factor"]),
+            theta=float(theta),
+            rope_type="llama3",
+            factor=float(params["factor"]),
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),

@@ -37,7 +37,9 @@ class Tokenizer:
 
         path = folder / "tokenizer.json"
         if not path.is_file():
-            raise TokenizerError(f"tokenizer.json not found in {folder}; keel needs a fast (tokenizers) tokenizer")
+            raise TokenizerError(
+                f"tokenizer.json not found in {folder}; keel needs a fast (tokenizers) tokenizer"
+            )
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on parse errors
@@ -72,16 +74,24 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render `messages` with the checkpoint's jinja chat template (as transformers does)."""
         if self.chat_template is None:
-            raise TokenizerError("this model has no chat template (tokenizer_config.json or chat_template.jinja); "
-                                 "use plain generation instead")
+            raise TokenizerError(
+                "this model has no chat template (tokenizer_config.json or chat_template.jinja); "
+                "use plain generation instead"
+            )
         if self._compiled is None:
             self._compiled = _compile(self.chat_template)
-        return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        return self._compiled.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Template then tokenize; the template already holds the special tokens it wants."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
+        )
 
 
 def _load_template(folder: Path, cfg: dict[str, Any]) -> str | None:
@@ -105,9 +115,16 @@ def _compile(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = tojson
@@ -131,9 +148,9 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> str:
         """Append one token; return the newly completed text (may be empty)."""
         self._ids.append(token_id)
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        new_text = self._tok.decode(self._ids[self._prefix:])
+        prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
+        new_text = self._tok.decode(self._ids[self._prefix :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]

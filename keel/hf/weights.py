@@ -23,7 +23,9 @@ def weight_files(folder: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise WeightsError(f"{index} is not a valid safetensors index (expected a 'weight_map' object)") from exc
+            raise WeightsError(
+                f"{index} is not a valid safetensors index (expected a 'weight_map' object)"
+            ) from exc
         files = [folder / name for name in dict.fromkeys(weight_map.values())]
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
@@ -47,8 +49,14 @@ def iter_weights(folder: Path, progress: bool = True) -> Iterator[tuple[str, tor
     if progress and total >= _PROGRESS_MIN_BYTES:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {folder.name}", file=sys.stderr,
-                   leave=False)
+        bar = tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            desc=f"loading {folder.name}",
+            file=sys.stderr,
+            leave=False,
+        )
     try:
         for file in files:
             try:
@@ -65,7 +73,8 @@ def iter_weights(folder: Path, progress: bool = True) -> Iterator[tuple[str, tor
                     raise
                 raise WeightsError(
                     f"cannot read {file} ({file.stat().st_size} bytes): {exc}; the file is truncated or "
-                    f"corrupt, expected a complete safetensors file") from exc
+                    f"corrupt, expected a complete safetensors file"
+                ) from exc
     finally:
         if bar is not None:
             bar.close()

@@ -58,7 +58,8 @@ def hf_models(hf_cache: Path):
     def get(arch: str) -> torch.nn.Module:
         if arch not in loaded:
             loaded[arch] = tf.AutoModelForCausalLM.from_pretrained(
-                model_dir(hf_cache, arch), dtype=torch.float32, attn_implementation="eager").eval()
+                model_dir(hf_cache, arch), dtype=torch.float32, attn_implementation="eager"
+            ).eval()
         return loaded[arch]
 
     return get

@@ -62,8 +62,11 @@ def test_stop_string_and_streaming(llms):
     assert len(full.text) > 6
     stop = full.text[3:6]
     chunks: list[str] = []
-    out = llm.generate("The quick brown", SamplingParams(max_tokens=24, stop=[stop], ignore_eos=True),
-                       stream=lambda i, delta: chunks.append(delta))[0]
+    out = llm.generate(
+        "The quick brown",
+        SamplingParams(max_tokens=24, stop=[stop], ignore_eos=True),
+        stream=lambda i, delta: chunks.append(delta),
+    )[0]
     assert out.finish_reason == "stop"
     assert out.text == full.text[: full.text.find(stop)] == "".join(chunks)
     assert out.ttft_s <= out.total_s

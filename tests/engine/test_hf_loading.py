@@ -22,36 +22,63 @@ def _copy(hf_cache: Path, arch: str, dest: Path) -> Path:
 
 
 def test_config_new_and_old_keys_agree():
-    new = {"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-           "num_hidden_layers": 1, "num_attention_heads": 2, "dtype": "bfloat16",
-           "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}
+    new = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "dtype": "bfloat16",
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 5e5,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    }
     old = {k: v for k, v in new.items() if k not in ("dtype", "rope_parameters")}
-    old |= {"torch_dtype": "bfloat16", "rope_theta": 5e5,
-            "rope_scaling": {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}}
+    old |= {
+        "torch_dtype": "bfloat16",
+        "rope_theta": 5e5,
+        "rope_scaling": {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64},
+    }
     a, b = ModelConfig.from_dict(new), ModelConfig.from_dict(old)
     assert a == b
     assert a.torch_dtype == torch.bfloat16 and a.rope.rope_type == "llama3" and a.head_dim == 4
     assert a.num_key_value_heads == 2
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
-    ({"hidden_size": 0}, "hidden_size must be a positive integer"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope type 'yarn' is not supported"),
-    ({"architectures": []}, "'architectures' is missing"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+        ({"hidden_size": 0}, "hidden_size must be a positive integer"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "rope type 'yarn' is not supported"),
+        ({"architectures": []}, "'architectures' is missing"),
+    ],
+)
 def test_config_validation_errors(change, message):
-    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
-           "num_hidden_layers": 1, "num_attention_heads": 2} | change
+    raw = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+    } | change
     with pytest.raises(ConfigError, match=message):
         ModelConfig.from_dict(raw)
 
 
 def test_family_flags(hf_cache):
-    cfgs = {a: ModelConfig.from_file(model_dir(hf_cache, a) / "config.json")
-            for a in ("qwen2", "qwen3", "mistral", "smollm2")}
+    cfgs = {
+        a: ModelConfig.from_file(model_dir(hf_cache, a) / "config.json")
+        for a in ("qwen2", "qwen3", "mistral", "smollm2")
+    }
     assert cfgs["qwen2"].attention_bias and not cfgs["qwen2"].qk_norm and cfgs["qwen2"].sliding_window is None
     assert cfgs["qwen3"].qk_norm and cfgs["qwen3"].head_dim == 32
     assert cfgs["mistral"].sliding_window == 8
@@ -113,7 +140,9 @@ def test_shape_mismatch_and_missing_tensor(hf_cache, tmp_path):
     folder = _copy(hf_cache, "llama", tmp_path / "m")
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(cfg | {"intermediate_size": 96}))
-    with pytest.raises(WeightsError, match=r"mlp\.\w+_proj\.weight. has shape \(\d+, \d+\); config.json implies"):
+    with pytest.raises(
+        WeightsError, match=r"mlp\.\w+_proj\.weight. has shape \(\d+, \d+\); config.json implies"
+    ):
         LLM(str(folder), dtype="float32")
     (folder / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 3}))
     with pytest.raises(WeightsError, match="missing .* tensors: model.layers.2"):
@@ -127,7 +156,11 @@ def test_old_style_config_loads_same_logits(hf_cache, tmp_path, llms):
     folder = _copy(hf_cache, "llama3", tmp_path / "m")
     cfg = json.loads((folder / "config.json").read_text())
     rope = cfg.pop("rope_parameters")
-    cfg |= {"rope_theta": rope.pop("rope_theta"), "rope_scaling": rope, "torch_dtype": cfg.pop("dtype", "float32")}
+    cfg |= {
+        "rope_theta": rope.pop("rope_theta"),
+        "rope_scaling": rope,
+        "torch_dtype": cfg.pop("dtype", "float32"),
+    }
     (folder / "config.json").write_text(json.dumps(cfg))
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     old = LLM(str(folder), dtype="float32").generate("The quick brown fox", params)[0]

@@ -60,9 +60,11 @@ def test_greedy_32_steps_match_transformers(arch, llms, hf_models):
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
 def test_batch_equals_one_at_a_time(arch, llms):
     llm = llms(arch)
-    params = [SamplingParams(max_tokens=20, ignore_eos=True),
-              SamplingParams(max_tokens=12, temperature=0.8, top_k=50, top_p=0.9, seed=7, ignore_eos=True),
-              SamplingParams(max_tokens=16, repetition_penalty=1.3, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=20, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.8, top_k=50, top_p=0.9, seed=7, ignore_eos=True),
+        SamplingParams(max_tokens=16, repetition_penalty=1.3, ignore_eos=True),
+    ]
     batched = llm.generate(PROMPTS, params)
     single = [llm.generate(p, sp)[0] for p, sp in zip(PROMPTS, params, strict=True)]
     assert [o.token_ids for o in batched] == [o.token_ids for o in single]

@@ -11,7 +11,9 @@ import torch
 ARCHS = ("llama", "llama3", "smollm2", "qwen2", "qwen3", "mistral")
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
-    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "'<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Paged attention stores keys and values in fixed-size blocks.",
@@ -31,7 +33,9 @@ def _ops_available() -> bool:
         return False
 
 
-needs_ops = pytest.mark.skipif(not _ops_available(), reason="keel's native ops (keel/_C.abi3.so) are not built")
+needs_ops = pytest.mark.skipif(
+    not _ops_available(), reason="keel's native ops (keel/_C.abi3.so) are not built"
+)
 
 
 def train_tokenizer(folder: Path) -> None:
@@ -42,33 +46,63 @@ def train_tokenizer(folder: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(CORPUS, trainer)
     bos = tok.token_to_id("<|endoftext|>")
-    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[
-        ("<|endoftext|>", bos)])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
+    )
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>",
-        "chat_template": CHAT_TEMPLATE}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|im_end|>",
+                "chat_template": CHAT_TEMPLATE,
+            }
+        )
+    )
 
 
 def make_config(arch: str, vocab: int):  # -> transformers.PretrainedConfig
     import transformers as tf
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                  initializer_range=0.2, rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=2)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        initializer_range=0.2,
+        rms_norm_eps=1e-6,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
     if arch == "llama":
         return tf.LlamaConfig(**common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     if arch == "llama3":
-        return tf.LlamaConfig(**common, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+        return tf.LlamaConfig(
+            **common,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        )
     if arch == "smollm2":
-        return tf.LlamaConfig(**{**common, "num_key_value_heads": 1}, tie_word_embeddings=True,
-                              rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
+        return tf.LlamaConfig(
+            **{**common, "num_key_value_heads": 1},
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+        )
     if arch == "qwen2":
         return tf.Qwen2Config(**common, tie_word_embeddings=True)
     if arch == "qwen3":
@@ -91,7 +125,6 @@ def build_checkpoint(folder: Path, arch: str, tok_dir: Path, **save_kwargs) -> N
     model.save_pretrained(folder, **save_kwargs)
     for f in tok_dir.iterdir():
         shutil.copy(f, folder / f.name)
-
 
 
 def model_dir(cache: Path, arch: str) -> Path:

@@ -1,0 +1,112 @@
+"""`keel generate`: complete one or more prompts, streaming the text of a single prompt to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+_EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, RuntimeError)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Options shared by `generate` and `chat`: which model, where, and how to sample."""
+    p.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face repo id or local folder (default: HuggingFaceTB/SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16"),
+        help="auto: bf16 where supported, else fp32",
+    )
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_from_args(args: argparse.Namespace, default_temperature: float) -> Any:
+    from keel.engine import SamplingParams
+
+    temperature = default_temperature if args.temperature is None else args.temperature
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=list(args.stop),
+    )
+
+
+def load_llm(args: argparse.Namespace) -> Any:
+    """Resolve, load and report the model named by `--model` (or the default demo model)."""
+    from keel.engine import LLM
+    from keel.hf.resolve import DEFAULT_MODEL
+
+    model = args.model or DEFAULT_MODEL
+    llm = LLM(model, dtype=args.dtype, device=args.device, revision=args.revision)
+    print(f"keel: {model} ({llm.config.architecture}, {llm.dtype}, {llm.device})", file=sys.stderr)
+    return llm
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "generate",
+        help="generate text from a prompt",
+        description="Generate text with a Hugging Face checkpoint (greedy by default).",
+    )
+    add_model_args(p)
+    p.add_argument(
+        "--prompt",
+        action="append",
+        required=True,
+        help="prompt text (repeatable: several prompts run as one batch); '-' reads stdin",
+    )
+    p.add_argument(
+        "--chat", action="store_true", help="wrap each prompt as a user message with the chat template"
+    )
+    p.add_argument("--no-stream", action="store_true", help="print only when done")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompts = [sys.stdin.read() if p == "-" else p for p in args.prompt]
+    try:
+        params = sampling_from_args(args, default_temperature=0.0)
+        llm = load_llm(args)
+        stream = len(prompts) == 1 and not args.no_stream
+        callback = (lambda _i, delta: (sys.stdout.write(delta), sys.stdout.flush())) if stream else None
+        if args.chat:
+            outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, stream=callback)
+        else:
+            outputs = llm.generate(prompts, params, stream=callback)
+    except _EXPECTED_ERRORS as exc:
+        print(f"keel generate: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nkeel generate: interrupted", file=sys.stderr)
+        return 130
+    for i, out in enumerate(outputs):
+        if stream:
+            sys.stdout.write("\n")
+        else:
+            header = f"--- prompt {i} ---\n" if len(outputs) > 1 else ""
+            sys.stdout.write(f"{header}{out.text}\n")
+    s = llm.stats
+    decode = s.decode_tokens / s.decode_s if s.decode_s else 0.0
+    print(
+        f"keel: {sum(len(o.token_ids) for o in outputs)} tokens, prefill {s.prefill_tokens} tokens in "
+        f"{s.prefill_s:.2f} s, decode {decode:.1f} tokens/s, stop: {outputs[0].finish_reason}",
+        file=sys.stderr,
+    )
+    return 0
