@@ -66,6 +66,29 @@ KEEL_KINLINE uint32_t float_to_bits(float f) {
 KEEL_KINLINE float load(const float* p) { return *p; }
 KEEL_KINLINE float load(const bf16_t* p) { return bits_to_float(static_cast<uint32_t>(p->bits) << 16); }
 
+KEEL_KINLINE void store(float* p, float f) { *p = f; }
+
+KEEL_KINLINE void store(bf16_t* p, float f) {
+  // round to nearest even; a nan stays a quiet nan (selects, so loops vectorize)
+  const uint32_t u = float_to_bits(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  p->bits = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+}
+
+#if defined(__F16C__)
+// The AVX2 build has F16C: one vcvtph2ps / vcvtps2ph per element.
+KEEL_KINLINE float load(const f16_t* p) {
+  _Float16 h;
+  std::memcpy(&h, &p->bits, sizeof(h));
+  return static_cast<float>(h);
+}
+
+KEEL_KINLINE void store(f16_t* p, float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  std::memcpy(&p->bits, &h, sizeof(h));
+}
+#else
 KEEL_KINLINE float load(const f16_t* p) {
   // IEEE binary16 -> binary32 (exact).
   const uint32_t h = p->bits;
@@ -76,18 +99,6 @@ KEEL_KINLINE float load(const f16_t* p) {
   if (exp != 0) return bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
   const float mag = static_cast<float>(man) * 5.9604644775390625e-08f;  // subnormal: man * 2^-24
   return sign ? -mag : mag;
-}
-
-KEEL_KINLINE void store(float* p, float f) { *p = f; }
-
-KEEL_KINLINE void store(bf16_t* p, float f) {
-  uint32_t u = float_to_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {  // nan stays a quiet nan
-    p->bits = static_cast<uint16_t>((u >> 16) | 0x40u);
-    return;
-  }
-  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even
-  p->bits = static_cast<uint16_t>(u >> 16);
 }
 
 KEEL_KINLINE void store(f16_t* p, float f) {
@@ -110,6 +121,7 @@ KEEL_KINLINE void store(f16_t* p, float f) {
   }
   p->bits = static_cast<uint16_t>(sign | h);
 }
+#endif  // __F16C__
 
 // Rounds a float through the storage type T (the value a store+load would give).
 template <typename T>

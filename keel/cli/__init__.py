@@ -7,20 +7,14 @@ import importlib
 import sys
 
 # verb modules, in the order `keel --help` lists them
-_VERBS = ("generate", "chat", "models", "audit", "ops")
+_VERBS = ("generate", "chat", "models", "audit")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keel", description="keel: a stable-ABI LLM inference engine")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for name in _VERBS:
-        try:
-            module = importlib.import_module(f"keel.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"keel.cli.{name}":
-                continue  # verb not present in this build
-            raise
-        module.register(sub)
+        importlib.import_module(f"keel.cli.{name}").register(sub)
     return parser
 
 

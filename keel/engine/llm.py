@@ -103,6 +103,8 @@ class LLM:
         limit = self.config.max_position_embeddings
         if not ids:
             raise ValueError(f"prompt {index} is empty after tokenization; expected at least one token")
+        if min(ids) < 0 or max(ids) >= self.config.vocab_size:
+            raise ValueError(f"prompt {index} has token ids outside [0, {self.config.vocab_size}) (the vocabulary)")
         if len(ids) >= limit:
             raise ValueError(
                 f"prompt {index} has {len(ids)} tokens; the model's context is {limit} tokens "
@@ -147,6 +149,8 @@ class LLM:
         """Generate for every prompt (text or token ids); `stream(i, delta)` gets text as it is produced."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
+        if not prompts:
+            return []
         params = sampling_params or SamplingParams()
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
