@@ -75,7 +75,7 @@ def audit(
         sources = [_open(os.fspath(p), stack, tmp) for p in paths]
         loaded = _load(sources)
     policy = load_policy()
-    exports = frozenset(s.name for _, _, info in loaded if isinstance(info, ElfInfo) for s in info.defined)
+    exports = frozenset(n for _, _, info in loaded if isinstance(info, ElfInfo) for n in info.defined_names)
     libraries: list[LibraryAudit] = []
     findings: list[Finding] = []
     by_source: dict[str, list[LibraryAudit]] = {}

@@ -48,8 +48,7 @@ def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list
     limited: dict[str, str] = {}
     nonlimited: list[str] = []
     other = 0
-    for sym in info.undefined:
-        name = sym.name
+    for name in info.undefined_names:
         if name in ctx.shims.symbols:
             shims[name] = ctx.shims.symbols[name]
         elif ctx.policy.is_shim_like(name):
@@ -69,7 +68,7 @@ def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list
                 nonlimited.append(name)
         else:
             other += 1
-    exported = [s.name for s in info.defined if s.name.startswith("_Z") and unstable_torch_namespace(s.name)]
+    exported = [n for n in info.defined_names if n.startswith("_Z") and unstable_torch_namespace(n)]
     floor = highest(sorted(set(shims.values())))
     py_floor = highest(sorted(set(limited.values())))
     abi3 = ".abi3." in path.rsplit("/", 1)[-1] or ctx.abi3_wheel

@@ -1,22 +1,28 @@
-"""ELF reading with pyelftools: DT_NEEDED, RPATH/RUNPATH, dynamic symbols with binding and version."""
+"""ELF reading: DT_NEEDED, RPATH/RUNPATH, dynamic symbols with binding and version.
+
+The common case (section headers with .dynamic and .dynsym) is read with struct/array in bulk;
+objects without them go through pyelftools (`elfslow.py`).
+"""
 
 from __future__ import annotations
 
-import io
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection, DynamicSegment
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
+from elftools.elf.enums import ENUM_E_MACHINE, ENUM_E_TYPE
 
 from .errors import AuditError
 
 ELF_MAGIC = b"\x7fELF"
-_BINDINGS = {1: "global", 2: "weak", 10: "unique"}
+BINDINGS = {1: "global", 2: "weak", 10: "unique"}
+_MACHINES = {v: k for k, v in ENUM_E_MACHINE.items() if k != "_default_"}
+_TYPES = {v: k for k, v in ENUM_E_TYPE.items() if k != "_default_"}
+_SHT_DYNAMIC, _SHT_NOBITS, _SHT_DYNSYM = 6, 8, 11
+_SHT_VERDEF, _SHT_VERNEED, _SHT_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
+_DT_NEEDED, _DT_SONAME, _DT_RPATH, _DT_RUNPATH = 1, 14, 15, 29
 
 
 class ElfFormatError(AuditError):
@@ -31,26 +37,40 @@ class Symbol(NamedTuple):
     version: str | None = None
 
 
+# per symbol list: binding codes (1/2/10 as bytes) and raw .gnu.version indices
+SymbolExtra = tuple[bytes, tuple[int, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class ElfInfo:
-    """What the audit needs from one ELF shared object."""
+    """What the audit needs from one ELF shared object; names are plain strings (the hot path)."""
 
     machine: str
     soname: str | None
     needed: tuple[str, ...]
     rpath: tuple[str, ...]
     runpath: tuple[str, ...]
-    undefined: tuple[Symbol, ...]
-    defined: tuple[Symbol, ...]
+    undefined_names: tuple[str, ...]
+    defined_names: tuple[str, ...]
     version_needs: tuple[tuple[str, str], ...]  # (providing file, version name)
+    undefined_extra: SymbolExtra = field(default=(b"", ()), repr=False)
+    defined_extra: SymbolExtra = field(default=(b"", ()), repr=False)
+    version_names: tuple[tuple[int, str], ...] = field(default=(), repr=False)
 
+    @property
+    def undefined(self) -> tuple[Symbol, ...]:
+        """Undefined dynamic symbols as Symbol tuples (built on demand)."""
+        return self._symbols(self.undefined_names, self.undefined_extra)
 
-def read_elf(source: bytes | str | Path) -> ElfInfo:
-    """Read an ELF shared object from bytes or a path; ElfFormatError when it is not one."""
-    if isinstance(source, bytes):
-        return _read(io.BytesIO(source), len(source))
-    with open(source, "rb") as fh:
-        return _read(fh, Path(source).stat().st_size)
+    @property
+    def defined(self) -> tuple[Symbol, ...]:
+        """Exported (default/protected visibility) dynamic symbols as Symbol tuples."""
+        return self._symbols(self.defined_names, self.defined_extra)
+
+    def _symbols(self, names: tuple[str, ...], extra: SymbolExtra) -> tuple[Symbol, ...]:
+        vget = dict(self.version_names).get
+        binds, vers = extra
+        return tuple(Symbol(n, BINDINGS[b], vget(v & 0x7FFF)) for n, b, v in zip(names, binds, vers, strict=True))
 
 
 class _Shdr(NamedTuple):
@@ -59,191 +79,183 @@ class _Shdr(NamedTuple):
     offset: int
     size: int
     link: int
+    info: int
 
 
-_SHT_DYNAMIC, _SHT_NOBITS, _SHT_DYNSYM = 6, 8, 11
-_SHT_VERDEF, _SHT_VERNEED, _SHT_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
+def read_elf(source: bytes | str | Path) -> ElfInfo:
+    """Read an ELF shared object from bytes or a path; ElfFormatError when it is not one."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _read(_BytesReader(bytes(source) if not isinstance(source, bytes) else source))
+    with open(source, "rb") as fh:
+        return _read(_FileReader(fh, Path(source).stat().st_size))
 
 
-def _read(stream: BinaryIO, size: int) -> ElfInfo:
-    head = stream.read(4)
-    if head != ELF_MAGIC:
-        raise ElfFormatError(f"not an ELF file: expected magic 7f454c46, got {head.hex() or 'empty file'}")
-    stream.seek(0)
+class _BytesReader:
+    """Random access to an in-memory object."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.size = data, len(data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset : offset + size]
+
+
+class _FileReader:
+    """Random access to an open file."""
+
+    def __init__(self, fh: object, size: int) -> None:
+        self.fh, self.size = fh, size
+
+    def read(self, offset: int, size: int) -> bytes:
+        self.fh.seek(offset)  # type: ignore[attr-defined]
+        return self.fh.read(size)  # type: ignore[attr-defined]
+
+
+def _read(src: _BytesReader | _FileReader) -> ElfInfo:
+    head = src.read(0, 64)
+    if head[:4] != ELF_MAGIC:
+        raise ElfFormatError(f"not an ELF file: expected magic 7f454c46, got {head[:4].hex() or 'empty file'}")
+    if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2) or (head[4] == 2 and len(head) < 64):
+        return _slow(src)  # odd class/encoding or a stub header: let pyelftools word the error
     try:
-        elf = ELFFile(stream)
-        if elf["e_type"] != "ET_DYN":
-            raise ElfFormatError(f"not a shared object: expected e_type ET_DYN, got {elf['e_type']}")
-        sections = _headers(elf, stream, size)
-        return _collect(elf, sections, stream)
-    except (ELFError, struct.error, ValueError, EOFError, IndexError, KeyError) as exc:
+        return _fast(src, head)
+    except (struct.error, ValueError, IndexError, KeyError, OverflowError) as exc:
         raise ElfFormatError(f"truncated or malformed ELF: {exc or type(exc).__name__}") from None
-    except Exception as exc:  # construct errors from pyelftools have no common public base
-        if type(exc).__module__.startswith(("elftools", "construct")):
-            raise ElfFormatError(f"truncated or malformed ELF: {exc}") from None
-        raise
 
 
-def _table(stream: BinaryIO, offset: int, count: int, entsize: int, fmt: str, size: int, what: str) -> list:
+def _slow(src: _BytesReader | _FileReader) -> ElfInfo:
+    from .elfslow import read_with_pyelftools
+
+    return read_with_pyelftools(src.read(0, src.size))
+
+
+def _fast(src: _BytesReader | _FileReader, head: bytes) -> ElfInfo:
+    is64, e = head[4] == 2, "<" if head[5] == 1 else ">"
+    fields = struct.unpack_from(e + ("HHIQQQIHHHHHH" if is64 else "HHIIIIIHHHHHH"), head, 16)
+    e_type, e_machine, _v, _entry, phoff, shoff, _fl, _eh, phentsize, phnum, shentsize, shnum, shstrndx = fields
+    if e_type != 3:
+        raise ElfFormatError(f"not a shared object: expected e_type ET_DYN, got {_TYPES.get(e_type, e_type)}")
+    size = src.size
+    ph = _table(src, phoff, phnum, phentsize, e + ("IIQQQQQQ" if is64 else "IIIIIIII"), "program headers")
+    for p in ph:  # (p_type, p_flags, p_offset, .., p_filesz) or (p_type, p_offset, .., p_filesz)
+        offset, filesz = (p[2], p[5]) if is64 else (p[1], p[4])
+        if p[0] == 1 and offset + filesz > size:  # PT_LOAD
+            raise ElfFormatError(f"truncated ELF: a PT_LOAD segment ends past the file size {size}")
+    sh = _table(src, shoff, shnum, shentsize, e + ("IIQQQQIIQQ" if is64 else "IIIIIIIIII"), "section headers")
+    secs = [_Shdr(i, s[1], s[4], s[5], s[6], s[7]) for i, s in enumerate(sh)]
+    for sec in secs:
+        if sec.type != _SHT_NOBITS and sec.offset + sec.size > size:
+            raise ElfFormatError(f"truncated ELF: section {sec.index} ends past the file size {size}")
+    by_type = {}
+    for sec in reversed(secs):  # the first section of each type wins
+        by_type[sec.type] = sec
+    dyn, dynsym = by_type.get(_SHT_DYNAMIC), by_type.get(_SHT_DYNSYM)
+    if dyn is None or dynsym is None or (shnum and not shstrndx < shnum and shstrndx != 0xFFFF):
+        return _slow(src)
+    if not 0 < dynsym.link < len(secs):
+        raise ElfFormatError(f"malformed ELF: .dynsym links to section {dynsym.link}")
+
+    def strings(sec: _Shdr) -> bytes:
+        if not 0 < sec.link < len(secs):
+            raise ElfFormatError(f"malformed ELF: section {sec.index} links to section {sec.link}")
+        return _section(src, secs[sec.link])
+
+    soname, needed, rpath, runpath = _dynamic(_section(src, dyn), strings(dyn), e, is64)
+    vnames, needs = _versions(src, secs, strings, e)
+    from .elfsyms import dynsym_names
+
+    versym = _section(src, by_type[_SHT_VERSYM]) if _SHT_VERSYM in by_type else b""
+    und, dfn, und_x, dfn_x = dynsym_names(_section(src, dynsym), _section(src, secs[dynsym.link]), versym, e, is64)
+    return ElfInfo(
+        machine=_MACHINES.get(e_machine, e_machine),  # type: ignore[arg-type]
+        soname=soname,
+        needed=needed,
+        rpath=rpath,
+        runpath=runpath,
+        undefined_names=und,
+        defined_names=dfn,
+        version_needs=tuple(needs),
+        undefined_extra=und_x,
+        defined_extra=dfn_x,
+        version_names=tuple(sorted(vnames.items())),
+    )
+
+
+def _table(src: _BytesReader | _FileReader, offset: int, count: int, entsize: int, fmt: str, what: str) -> list:
     """`count` fixed-size header entries at `offset`; ElfFormatError when they end past the file."""
     if not count:
         return []
-    if offset + count * entsize > size or entsize < struct.calcsize(fmt):
-        raise ElfFormatError(f"truncated ELF: {what} end past the file size {size}")
-    stream.seek(offset)
-    raw = stream.read(count * entsize)
+    if offset + count * entsize > src.size or entsize < struct.calcsize(fmt):
+        raise ElfFormatError(f"truncated ELF: {what} end past the file size {src.size}")
+    raw = src.read(offset, count * entsize)
     return [struct.unpack_from(fmt, raw, i * entsize) for i in range(count)]
 
 
-def _headers(elf: ELFFile, stream: BinaryIO, size: int) -> list[_Shdr]:
-    """Section headers (type, offset, size, link), bounds-checked together with PT_LOAD segments."""
-    hdr, e = elf.header, "<" if elf.little_endian else ">"
-    is64 = elf.elfclass == 64
-    phdrs = _table(
-        stream,
-        hdr["e_phoff"],
-        hdr["e_phnum"],
-        hdr["e_phentsize"],
-        e + ("IIQQQQQQ" if is64 else "IIIIIIII"),
-        size,
-        "program headers",
-    )
-    for ph in phdrs:  # (p_type, p_flags, p_offset, .., p_filesz) or (p_type, p_offset, .., p_filesz)
-        offset, filesz = (ph[2], ph[5]) if is64 else (ph[1], ph[4])
-        if ph[0] == 1 and offset + filesz > size:  # PT_LOAD
-            raise ElfFormatError(f"truncated ELF: a PT_LOAD segment ends past the file size {size}")
-    shdrs = _table(
-        stream,
-        hdr["e_shoff"],
-        hdr["e_shnum"],
-        hdr["e_shentsize"],
-        e + ("IIQQQQIIQQ" if is64 else "IIIIIIIIII"),
-        size,
-        "section headers",
-    )
-    out = [_Shdr(i, sh[1], sh[4], sh[5], sh[6]) for i, sh in enumerate(shdrs)]
-    for sec in out:
-        if sec.type != _SHT_NOBITS and sec.offset + sec.size > size:
-            raise ElfFormatError(f"truncated ELF: section {sec.index} ends past the file size {size}")
-    return out
+def _section(src: _BytesReader | _FileReader, sec: _Shdr) -> bytes:
+    """One section's bytes; ElfFormatError when the file holds fewer bytes than declared."""
+    data = src.read(sec.offset, sec.size)
+    if len(data) != sec.size:
+        raise ElfFormatError(f"truncated ELF: section needs {sec.size} bytes, file has {len(data)}")
+    return data
 
 
-def _collect(elf: ELFFile, sections: list[_Shdr], stream: BinaryIO) -> ElfInfo:
+def _cstr(table: bytes, offset: int) -> str:
+    """NUL-terminated string at `offset`, decoded as pyelftools does (UTF-8, replace)."""
+    end = table.find(b"\0", offset)
+    return table[offset : end if end >= 0 else len(table)].decode("utf-8", "replace")
+
+
+def _dynamic(
+    raw: bytes, strtab: bytes, e: str, is64: bool
+) -> tuple[str | None, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(soname, needed, rpath, runpath) from the .dynamic entries up to DT_NULL."""
+    soname: str | None = None
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
-    soname = None
-    dyn = next((s for s in sections if s.type == _SHT_DYNAMIC), None)
-    dynamic = elf.get_section(dyn.index) if dyn is not None else None
-    if not isinstance(dynamic, DynamicSection):
-        dynamic = next((s for s in elf.iter_segments() if isinstance(s, DynamicSegment)), None)
-    if dynamic is not None:
-        for tag in dynamic.iter_tags():
-            kind = tag.entry.d_tag
-            if kind == "DT_NEEDED":
-                needed.append(tag.needed)
-            elif kind == "DT_RPATH":
-                rpath.extend(p for p in tag.rpath.split(":") if p)
-            elif kind == "DT_RUNPATH":
-                runpath.extend(p for p in tag.runpath.split(":") if p)
-            elif kind == "DT_SONAME":
-                soname = tag.soname
-    version_names, needs = _versions(
-        [elf.get_section(s.index) for s in sections if s.type in (_SHT_VERNEED, _SHT_VERDEF)]
-    )
-    undefined, defined = _symbols(elf, sections, stream, version_names, dynamic)
-    return ElfInfo(
-        machine=elf["e_machine"],
-        soname=soname,
-        needed=tuple(needed),
-        rpath=tuple(rpath),
-        runpath=tuple(runpath),
-        undefined=undefined,
-        defined=defined,
-        version_needs=tuple(needs),
-    )
+    ent = 16 if is64 else 8
+    for tag, val in struct.iter_unpack(e + ("qQ" if is64 else "iI"), raw[: len(raw) // ent * ent]):
+        if tag == 0:
+            break
+        if tag == _DT_NEEDED:
+            needed.append(_cstr(strtab, val))
+        elif tag == _DT_RPATH:
+            rpath.extend(p for p in _cstr(strtab, val).split(":") if p)
+        elif tag == _DT_RUNPATH:
+            runpath.extend(p for p in _cstr(strtab, val).split(":") if p)
+        elif tag == _DT_SONAME:
+            soname = _cstr(strtab, val)
+    return soname, tuple(needed), tuple(rpath), tuple(runpath)
 
 
-def _versions(sections: list) -> tuple[dict[int, str], list[tuple[str, str]]]:
-    """Map version index -> name (verneed and verdef), and list every (file, version) needed."""
+def _versions(
+    src: _BytesReader | _FileReader, secs: list[_Shdr], strings: Callable[[_Shdr], bytes], e: str
+) -> tuple[dict[int, str], list[tuple[str, str]]]:
+    """Version index -> name (verneed, verdef) and every (file, version) needed, walked as pyelftools does."""
     names: dict[int, str] = {}
     needs: list[tuple[str, str]] = []
-    for sec in sections:
-        if isinstance(sec, GNUVerNeedSection):
-            for verneed, auxes in sec.iter_versions():
-                for aux in auxes:
-                    names[aux["vna_other"]] = aux.name
-                    needs.append((verneed.name, aux.name))
-        elif isinstance(sec, GNUVerDefSection):
-            for verdef, auxes in sec.iter_versions():
-                first = next(iter(auxes), None)
-                if first is not None and not verdef["vd_flags"] & 0x1:  # skip VER_FLG_BASE
-                    names[verdef["vd_ndx"]] = first.name
+    for sec in secs:
+        if sec.type not in (_SHT_VERNEED, _SHT_VERDEF):
+            continue
+        raw, table, pos = _section(src, sec), strings(sec), 0
+        for _ in range(sec.info):
+            if sec.type == _SHT_VERNEED:
+                _ver, cnt, vfile, aux, nxt = struct.unpack_from(e + "HHIII", raw, pos)
+            else:
+                _ver, flags, ndx, cnt, _h, aux, nxt = struct.unpack_from(e + "HHHHIII", raw, pos)
+            if cnt <= 0:
+                raise ElfFormatError("malformed ELF: a version entry has no auxiliary entries")
+            apos = pos + aux
+            if sec.type == _SHT_VERDEF:  # only the first auxiliary names a definition
+                if not flags & 0x1:  # skip VER_FLG_BASE
+                    names[ndx] = _cstr(table, struct.unpack_from(e + "I", raw, apos)[0])
+            else:
+                file = _cstr(table, vfile)
+                for _ in range(cnt):
+                    _hash, _fl, other, vname, anext = struct.unpack_from(e + "IHHII", raw, apos)
+                    names[other] = _cstr(table, vname)
+                    needs.append((file, names[other]))
+                    apos += anext
+            pos += nxt
     return names, needs
 
-
-def _symbols(
-    elf: ELFFile, sections: list, stream: BinaryIO, vnames: dict[int, str], dynamic: object
-) -> tuple[tuple[Symbol, ...], tuple[Symbol, ...]]:
-    """Undefined and exported dynamic symbols, parsed with struct for speed."""
-    dynsym = next((s for s in sections if s.type == _SHT_DYNSYM), None)
-    if dynsym is None:
-        return _symbols_from_segment(dynamic)
-    endian = "<" if elf.little_endian else ">"
-    # (st_name, st_info, st_other, st_shndx); value and size are skipped
-    fmt = endian + ("IBBH16x" if elf.elfclass == 64 else "I8xBBH")
-    entsize = struct.calcsize(fmt)
-    raw = _section_bytes(stream, dynsym)
-    if not 0 < dynsym.link < len(sections):
-        raise ElfFormatError(f"malformed ELF: .dynsym links to section {dynsym.link}")
-    strtab = _section_bytes(stream, sections[dynsym.link])
-    versym_sec = next((s for s in sections if s.type == _SHT_VERSYM), None)
-    versym = _section_bytes(stream, versym_sec) if versym_sec is not None else b""
-    count = len(raw) // entsize
-    vers = list(struct.unpack(f"{endian}{len(versym) // 2}H", versym[: len(versym) // 2 * 2]))
-    vers = vers[:count] + [0] * (count - len(vers))
-    if not strtab.endswith(b"\0"):
-        raise ElfFormatError("malformed ELF: .dynstr does not end with a NUL byte")
-    # latin-1 keeps byte offsets; names are re-decoded as UTF-8 only when not ASCII
-    text = strtab.decode("latin-1")
-    bindings, vget, find = _BINDINGS, vnames.get, text.find
-    rows = [
-        (n, bindings[i >> 4], o & 0x3, sh, v & 0x7FFF)
-        for (n, i, o, sh), v in zip(struct.iter_unpack(fmt, raw[: count * entsize]), vers, strict=True)
-        if n and (i >> 4) in bindings
-    ]
-    if rows and max(r[0] for r in rows) >= len(text):
-        raise ElfFormatError("malformed ELF: a symbol name starts past the end of .dynstr")
-    syms = [(Symbol(text[n : find("\0", n)], b, vget(v)), sh, o) for n, b, o, sh, v in rows]
-    if not strtab.isascii():
-        syms = [
-            (s._replace(name=s.name.encode("latin-1").decode("utf-8", "replace")), sh, o) for s, sh, o in syms
-        ]
-    undefined = [s for s, sh, _ in syms if sh == 0]
-    defined = [s for s, sh, o in syms if sh != 0 and o in (0, 3)]  # default or protected visibility
-    return tuple(undefined), tuple(defined)
-
-
-def _symbols_from_segment(dynamic: object) -> tuple[tuple[Symbol, ...], tuple[Symbol, ...]]:
-    """Fallback for objects without section headers: walk DT_SYMTAB through pyelftools."""
-    if not isinstance(dynamic, DynamicSegment):
-        return (), ()
-    undefined: list[Symbol] = []
-    defined: list[Symbol] = []
-    binds = {"STB_GLOBAL": "global", "STB_WEAK": "weak", "STB_GNU_UNIQUE": "unique"}
-    for sym in dynamic.iter_symbols():
-        binding = binds.get(sym["st_info"]["bind"])
-        if binding is None or not sym.name:
-            continue
-        target = undefined if sym["st_shndx"] == "SHN_UNDEF" else defined
-        target.append(Symbol(sym.name, binding))
-    return tuple(undefined), tuple(defined)
-
-
-def _section_bytes(stream: BinaryIO, section: _Shdr) -> bytes:
-    """Read one section's bytes; ElfFormatError when the file holds fewer bytes than declared."""
-    stream.seek(section.offset)
-    data = stream.read(section.size)
-    if len(data) != section.size:
-        raise ElfFormatError(f"truncated ELF: section needs {section.size} bytes, file has {len(data)}")
-    return data

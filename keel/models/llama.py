@@ -80,7 +80,6 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.sliding_window = cfg.sliding_window
-        self.scale = self.head_dim**-0.5
         self.k_cache = torch.empty(0)  # [num_blocks, block_size, kv_heads, head_dim], set by the runner
         self.v_cache = torch.empty(0)
         self.cos_sin_cache = torch.empty(0)  # [max_pos, head_dim], shared, set after loading
@@ -122,15 +121,15 @@ class Attention(nn.Module):
     def _decode(self, q: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """One query per sequence against its paged cache, gathered through the block table.
 
-        Explicit matmuls: for a single query, torch's CPU SDPA costs ~3x more (GQA expansion)."""
+        A sequence's G = H / KV query heads that share a kv head act as G queries of one position, so
+        SDPA runs without GQA expansion (about 2x faster on CPU than `enable_gqa`)."""
         assert ctx.block_tables is not None and ctx.attn_bias is not None
         b, kv = q.shape[0], self.num_kv_heads
-        k = self.k_cache[ctx.block_tables].view(b, -1, kv, self.head_dim)  # [B, L, KV, D]
-        v = self.v_cache[ctx.block_tables].view(b, -1, kv, self.head_dim)
-        q = q.view(b, kv, -1, self.head_dim) * self.scale  # [B, KV, G, D]
-        scores = torch.matmul(q, k.permute(0, 2, 3, 1)) + ctx.attn_bias  # [B, KV, G, L]
-        probs = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(probs, v.transpose(1, 2)).view(b, self.q_size)  # [B, KV, G, D] -> [B, H * D]
+        k = self.k_cache[ctx.block_tables].view(b, -1, kv, self.head_dim).transpose(1, 2)  # [B, KV, L, D]
+        v = self.v_cache[ctx.block_tables].view(b, -1, kv, self.head_dim).transpose(1, 2)
+        q = q.view(b, kv, -1, self.head_dim)  # [B, KV, G, D]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_bias)  # [B, KV, G, D]
+        return o.reshape(b, self.q_size)
 
 
 class MLP(nn.Module):
