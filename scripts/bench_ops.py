@@ -100,8 +100,12 @@ def throughput_rows(device: str, n: int, repeats: int) -> list[tuple[str, str, f
         b = torch.randn(n, device=device, dtype=dtype)
         c = torch.full((n,), 0.5, device=device, dtype=dtype)
         gb = 3 * n * a.element_size() / 1e9  # read a, b; write out
-        tk = median_time(lambda: ops.fused_muladd(a, b, 0.5), device, 3, repeats)
-        for peer, fn in (("a*b+c", lambda: a * b + 0.5), ("torch.addcmul", lambda: torch.addcmul(c, a, b))):
+        tk = median_time(lambda a=a, b=b: ops.fused_muladd(a, b, 0.5), device, 3, repeats)
+        peers = (
+            ("a*b+c", lambda a=a, b=b: a * b + 0.5),
+            ("torch.addcmul", lambda a=a, b=b, c=c: torch.addcmul(c, a, b)),
+        )
+        for peer, fn in peers:
             tt = median_time(fn, device, 3, repeats)
             rows.append((f"fused_muladd {str(dtype)[6:]} {n / 1e6:.0f}M", peer, gb / tk, gb / tt))
         del a, b, c
@@ -110,12 +114,16 @@ def throughput_rows(device: str, n: int, repeats: int) -> list[tuple[str, str, f
         w = torch.randn(hidden, device=device, dtype=dtype)
         gb = 2 * x.numel() * x.element_size() / 1e9
 
-        def composite():
+        def composite(x=x, w=w, dtype=dtype):
             xf = x.float()
             return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
 
-        tk = median_time(lambda: ops.rms_norm(x, w, 1e-6), device, 3, repeats)
-        for peer, fn in (("torch composite", composite), ("F.rms_norm", lambda: F.rms_norm(x, (hidden,), w, 1e-6))):
+        tk = median_time(lambda x=x, w=w: ops.rms_norm(x, w, 1e-6), device, 3, repeats)
+        peers = (
+            ("torch composite", composite),
+            ("F.rms_norm", lambda x=x, w=w, h=hidden: F.rms_norm(x, (h,), w, 1e-6)),
+        )
+        for peer, fn in peers:
             tt = median_time(fn, device, 3, repeats)
             rows.append((f"rms_norm {str(dtype)[6:]} [4096, 4096]", peer, gb / tk, gb / tt))
     return rows

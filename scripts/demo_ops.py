@@ -23,12 +23,12 @@ def sha256(path) -> str:
 
 def main() -> None:
     print(f"torch {torch.__version__} (cuda {torch.version.cuda}) | keel {keel.__version__}")
-    for name, path in sorted(keel._native.loaded_libraries().items()):
+    for _name, path in sorted(keel._native.loaded_libraries().items()):
         print(f"  loaded {path}  sha256:{sha256(path)}")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     g = torch.Generator().manual_seed(0)
     t, hidden, heads, kv, hs = 37, 576, 9, 3, 64  # SmolLM2-135M shapes, a 37-token prompt
-    print(f"\n| op | device | dtype | output | max abs diff vs torch |\n|---|---|---|---|---:|")
+    print("\n| op | device | dtype | output | max abs diff vs torch |\n|---|---|---|---|---:|")
     for device in devices:
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(t, hidden, generator=g).to(device, dtype)

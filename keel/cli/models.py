@@ -41,5 +41,6 @@ def _fetch_demo(args: argparse.Namespace) -> int:
     else:
         print(f"{result.repo_id} is already installed at {result.snapshot} (use --force to convert again)")
     env = f"HF_HUB_CACHE={args.cache_dir} " if args.cache_dir else ""
-    print(f'use it offline:  {env}HF_HUB_OFFLINE=1 keel generate --model {result.repo_id} --prompt "What is the capital of France?"')
+    prompt = '--prompt "What is the capital of France?"'
+    print(f"use it offline:  {env}HF_HUB_OFFLINE=1 keel generate --model {result.repo_id} {prompt}")
     return 0

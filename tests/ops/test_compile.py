@@ -35,5 +35,5 @@ def test_fullgraph_compile_matches_eager():
     compiled_in = _inputs()
     want = block(*eager_in)
     got = torch.compile(block, fullgraph=True)(*compiled_in)
-    for w, g in zip(want, got):
+    for w, g in zip(want, got, strict=True):
         torch.testing.assert_close(g, w)
