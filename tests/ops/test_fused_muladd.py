@@ -91,3 +91,9 @@ def test_bad_inputs(a, b, match):
 def test_meta_device_shape():
     out = ops.fused_muladd(torch.empty(2, 3, device="meta"), torch.empty(2, 3, device="meta"), 1.0)
     assert out.shape == (2, 3) and out.device.type == "meta"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mixed_devices():
+    with pytest.raises(RuntimeError, match=r"keel::fused_muladd: b must be on the device of a \(cuda:0\), got cpu"):
+        ops.fused_muladd(torch.randn(4, device="cuda"), torch.randn(4), 1.0)

@@ -56,3 +56,9 @@ def test_opcheck():
 def test_bad_inputs(x, w, eps, match):
     with pytest.raises(RuntimeError, match=match):
         ops.rms_norm(x, w, eps)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mixed_devices():
+    with pytest.raises(RuntimeError, match=r"keel::rms_norm: weight must be on the device of x \(cuda:0\), got cpu"):
+        ops.rms_norm(torch.randn(2, 8, device="cuda"), torch.randn(8), 1e-6)
