@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import compress
 
 from .elf import ElfInfo
-from .mangling import unstable_torch_namespace
+from .mangling import mentions_torch, unstable_torch_namespace
 from .models import NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit
 from .policy import Policy
 from .table import CPythonTable, ShimTable, is_cpython_name
@@ -24,6 +26,8 @@ class Context:
     policy: Policy
     package_exports: frozenset[str]
     abi3_wheel: bool
+    categories: dict[str, object] = field(default_factory=dict)  # undefined name -> category
+    exported: dict[str, object] = field(default_factory=dict)  # defined name -> unstable torch C++?
 
 
 def _key(v: str) -> tuple[int, ...]:
@@ -40,35 +44,52 @@ def symbol_versions(info: ElfInfo) -> dict[str, str | None]:
     return {k: highest(v) for k, v in found.items()}
 
 
+# symbol categories for undefined names (memoised per audit in Context.categories)
+SHIM, SHIM_EXPORTED, UNKNOWN, UNSTABLE_REF, LIMITED, NONLIMITED, OTHER = range(7)
+
+
+def _category(name: str, ctx: Context) -> int:
+    """Which bucket an undefined name falls in; the order of the tests is the classification rule."""
+    if name in ctx.shims.symbols:
+        return SHIM
+    if ctx.policy.is_shim_like(name):
+        return SHIM_EXPORTED if name in ctx.package_exports else UNKNOWN
+    if name.startswith("_Z"):
+        return UNSTABLE_REF if unstable_torch_namespace(name) else OTHER
+    if name in ctx.shims.python_globals or ctx.policy.is_python_global(name):
+        return UNSTABLE_REF
+    if is_cpython_name(name):
+        return LIMITED if name in ctx.cpython.symbols else NONLIMITED
+    return OTHER
+
+
+def _unstable_export(name: str) -> bool:
+    """An exported definition that interposes unstable torch C++ (weak c10:: instantiations, ...)."""
+    return mentions_torch(name) and unstable_torch_namespace(name) is not None
+
+
+def _lookup(names: tuple[str, ...], memo: dict[str, object], compute: Callable[[str], object]) -> list:
+    """`compute(name)` for every name, through a per-audit memo (a dict lookup per repeated name)."""
+    got = list(map(memo.get, names))
+    if None in got:
+        for i, name in enumerate(names):
+            if got[i] is None:
+                got[i] = memo[name] = compute(name)
+    return got
+
+
 def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list[Finding]]:
     """One LibraryAudit plus the findings that follow from the library alone."""
-    shims: dict[str, str] = {}
-    unknown: list[str] = []
-    unstable_undef: list[str] = []
-    limited: dict[str, str] = {}
-    nonlimited: list[str] = []
-    other = 0
-    for name in info.undefined_names:
-        if name in ctx.shims.symbols:
-            shims[name] = ctx.shims.symbols[name]
-        elif ctx.policy.is_shim_like(name):
-            if name not in ctx.package_exports:
-                unknown.append(name)
-        elif name.startswith("_Z"):
-            if unstable_torch_namespace(name):
-                unstable_undef.append(name)
-            else:
-                other += 1
-        elif name in ctx.shims.python_globals or ctx.policy.is_python_global(name):
-            unstable_undef.append(name)
-        elif is_cpython_name(name):
-            if name in ctx.cpython.symbols:
-                limited[name] = ctx.cpython.symbols[name]
-            else:
-                nonlimited.append(name)
-        else:
-            other += 1
-    exported = [n for n in info.defined_names if n.startswith("_Z") and unstable_torch_namespace(n)]
+    names = info.undefined_names
+    buckets: tuple[list[str], ...] = ([], [], [], [], [], [], [])
+    for name, cat in zip(names, _lookup(names, ctx.categories, lambda n: _category(n, ctx)), strict=True):
+        buckets[cat].append(name)
+    shims = {n: ctx.shims.symbols[n] for n in buckets[SHIM]}
+    unknown, unstable_undef, nonlimited = buckets[UNKNOWN], buckets[UNSTABLE_REF], buckets[NONLIMITED]
+    limited = {n: ctx.cpython.symbols[n] for n in buckets[LIMITED]}
+    other = len(buckets[OTHER])
+    defined = info.defined_names
+    exported = list(compress(defined, _lookup(defined, ctx.exported, _unstable_export)))
     floor = highest(sorted(set(shims.values())))
     py_floor = highest(sorted(set(limited.values())))
     abi3 = ".abi3." in path.rsplit("/", 1)[-1] or ctx.abi3_wheel

@@ -6,11 +6,14 @@ objects without them go through pyelftools (`elfslow.py`).
 
 from __future__ import annotations
 
+import array
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from elftools.elf.enums import ENUM_E_MACHINE, ENUM_E_TYPE
 
@@ -22,7 +25,6 @@ _MACHINES = {v: k for k, v in ENUM_E_MACHINE.items() if k != "_default_"}
 _TYPES = {v: k for k, v in ENUM_E_TYPE.items() if k != "_default_"}
 _SHT_DYNAMIC, _SHT_NOBITS, _SHT_DYNSYM = 6, 8, 11
 _SHT_VERDEF, _SHT_VERNEED, _SHT_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
-_DT_NEEDED, _DT_SONAME, _DT_RPATH, _DT_RUNPATH = 1, 14, 15, 29
 
 
 class ElfFormatError(AuditError):
@@ -37,8 +39,8 @@ class Symbol(NamedTuple):
     version: str | None = None
 
 
-# per symbol list: binding codes (1/2/10 as bytes) and raw .gnu.version indices
-SymbolExtra = tuple[bytes, tuple[int, ...]]
+# (0/1 selection mask over .dynsym, binding code per entry (1/2/10), native u16 .gnu.version per entry)
+SymbolExtra = tuple[bytes, bytes, bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +55,8 @@ class ElfInfo:
     undefined_names: tuple[str, ...]
     defined_names: tuple[str, ...]
     version_needs: tuple[tuple[str, str], ...]  # (providing file, version name)
-    undefined_extra: SymbolExtra = field(default=(b"", ()), repr=False)
-    defined_extra: SymbolExtra = field(default=(b"", ()), repr=False)
+    undefined_extra: SymbolExtra = field(default=(b"", b"", b""), repr=False)
+    defined_extra: SymbolExtra = field(default=(b"", b"", b""), repr=False)
     version_names: tuple[tuple[int, str], ...] = field(default=(), repr=False)
 
     @property
@@ -69,8 +71,10 @@ class ElfInfo:
 
     def _symbols(self, names: tuple[str, ...], extra: SymbolExtra) -> tuple[Symbol, ...]:
         vget = dict(self.version_names).get
-        binds, vers = extra
-        return tuple(Symbol(n, BINDINGS[b], vget(v & 0x7FFF)) for n, b, v in zip(names, binds, vers, strict=True))
+        select, binds, vers = extra
+        versions = array.array("H", vers)
+        picked = zip(names, compress(binds, select), compress(versions, select), strict=True)
+        return tuple(Symbol(n, BINDINGS[b], vget(v & 0x7FFF)) for n, b, v in picked)
 
 
 class _Shdr(NamedTuple):
@@ -82,10 +86,20 @@ class _Shdr(NamedTuple):
     info: int
 
 
-def read_elf(source: bytes | str | Path) -> ElfInfo:
-    """Read an ELF shared object from bytes or a path; ElfFormatError when it is not one."""
+class RandomAccess(Protocol):
+    """Anything with a size and positional reads (short at the end), e.g. a streamed wheel member."""
+
+    size: int
+
+    def read(self, offset: int, size: int) -> bytes: ...
+
+
+def read_elf(source: bytes | str | os.PathLike[str] | RandomAccess) -> ElfInfo:
+    """Read an ELF shared object from bytes, a path or a RandomAccess; ElfFormatError when it is not one."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _read(_BytesReader(bytes(source) if not isinstance(source, bytes) else source))
+    if not isinstance(source, (str, os.PathLike)):
+        return _read(source)
     with open(source, "rb") as fh:
         return _read(_FileReader(fh, Path(source).stat().st_size))
 
@@ -111,7 +125,7 @@ class _FileReader:
         return self.fh.read(size)  # type: ignore[attr-defined]
 
 
-def _read(src: _BytesReader | _FileReader) -> ElfInfo:
+def _read(src: RandomAccess) -> ElfInfo:
     head = src.read(0, 64)
     if head[:4] != ELF_MAGIC:
         raise ElfFormatError(f"not an ELF file: expected magic 7f454c46, got {head[:4].hex() or 'empty file'}")
@@ -123,13 +137,13 @@ def _read(src: _BytesReader | _FileReader) -> ElfInfo:
         raise ElfFormatError(f"truncated or malformed ELF: {exc or type(exc).__name__}") from None
 
 
-def _slow(src: _BytesReader | _FileReader) -> ElfInfo:
+def _slow(src: RandomAccess) -> ElfInfo:
     from .elfslow import read_with_pyelftools
 
     return read_with_pyelftools(src.read(0, src.size))
 
 
-def _fast(src: _BytesReader | _FileReader, head: bytes) -> ElfInfo:
+def _fast(src: RandomAccess, head: bytes) -> ElfInfo:
     is64, e = head[4] == 2, "<" if head[5] == 1 else ">"
     fields = struct.unpack_from(e + ("HHIQQQIHHHHHH" if is64 else "HHIIIIIHHHHHH"), head, 16)
     e_type, e_machine, _v, _entry, phoff, shoff, _fl, _eh, phentsize, phnum, shentsize, shnum, shstrndx = fields
@@ -160,10 +174,10 @@ def _fast(src: _BytesReader | _FileReader, head: bytes) -> ElfInfo:
             raise ElfFormatError(f"malformed ELF: section {sec.index} links to section {sec.link}")
         return _section(src, secs[sec.link])
 
-    soname, needed, rpath, runpath = _dynamic(_section(src, dyn), strings(dyn), e, is64)
-    vnames, needs = _versions(src, secs, strings, e)
-    from .elfsyms import dynsym_names
+    from .elfsyms import dynamic_tags, dynsym_names  # imports this module
 
+    soname, needed, rpath, runpath = dynamic_tags(_section(src, dyn), strings(dyn), e, is64)
+    vnames, needs = _versions(src, secs, strings, e)
     versym = _section(src, by_type[_SHT_VERSYM]) if _SHT_VERSYM in by_type else b""
     und, dfn, und_x, dfn_x = dynsym_names(_section(src, dynsym), _section(src, secs[dynsym.link]), versym, e, is64)
     return ElfInfo(
@@ -181,7 +195,7 @@ def _fast(src: _BytesReader | _FileReader, head: bytes) -> ElfInfo:
     )
 
 
-def _table(src: _BytesReader | _FileReader, offset: int, count: int, entsize: int, fmt: str, what: str) -> list:
+def _table(src: RandomAccess, offset: int, count: int, entsize: int, fmt: str, what: str) -> list:
     """`count` fixed-size header entries at `offset`; ElfFormatError when they end past the file."""
     if not count:
         return []
@@ -191,7 +205,7 @@ def _table(src: _BytesReader | _FileReader, offset: int, count: int, entsize: in
     return [struct.unpack_from(fmt, raw, i * entsize) for i in range(count)]
 
 
-def _section(src: _BytesReader | _FileReader, sec: _Shdr) -> bytes:
+def _section(src: RandomAccess, sec: _Shdr) -> bytes:
     """One section's bytes; ElfFormatError when the file holds fewer bytes than declared."""
     data = src.read(sec.offset, sec.size)
     if len(data) != sec.size:
@@ -199,39 +213,12 @@ def _section(src: _BytesReader | _FileReader, sec: _Shdr) -> bytes:
     return data
 
 
-def _cstr(table: bytes, offset: int) -> str:
-    """NUL-terminated string at `offset`, decoded as pyelftools does (UTF-8, replace)."""
-    end = table.find(b"\0", offset)
-    return table[offset : end if end >= 0 else len(table)].decode("utf-8", "replace")
-
-
-def _dynamic(
-    raw: bytes, strtab: bytes, e: str, is64: bool
-) -> tuple[str | None, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """(soname, needed, rpath, runpath) from the .dynamic entries up to DT_NULL."""
-    soname: str | None = None
-    needed: list[str] = []
-    rpath: list[str] = []
-    runpath: list[str] = []
-    ent = 16 if is64 else 8
-    for tag, val in struct.iter_unpack(e + ("qQ" if is64 else "iI"), raw[: len(raw) // ent * ent]):
-        if tag == 0:
-            break
-        if tag == _DT_NEEDED:
-            needed.append(_cstr(strtab, val))
-        elif tag == _DT_RPATH:
-            rpath.extend(p for p in _cstr(strtab, val).split(":") if p)
-        elif tag == _DT_RUNPATH:
-            runpath.extend(p for p in _cstr(strtab, val).split(":") if p)
-        elif tag == _DT_SONAME:
-            soname = _cstr(strtab, val)
-    return soname, tuple(needed), tuple(rpath), tuple(runpath)
-
-
 def _versions(
-    src: _BytesReader | _FileReader, secs: list[_Shdr], strings: Callable[[_Shdr], bytes], e: str
+    src: RandomAccess, secs: list[_Shdr], strings: Callable[[_Shdr], bytes], e: str
 ) -> tuple[dict[int, str], list[tuple[str, str]]]:
     """Version index -> name (verneed, verdef) and every (file, version) needed, walked as pyelftools does."""
+    from .elfsyms import cstr
+
     names: dict[int, str] = {}
     needs: list[tuple[str, str]] = []
     for sec in secs:
@@ -248,12 +235,12 @@ def _versions(
             apos = pos + aux
             if sec.type == _SHT_VERDEF:  # only the first auxiliary names a definition
                 if not flags & 0x1:  # skip VER_FLG_BASE
-                    names[ndx] = _cstr(table, struct.unpack_from(e + "I", raw, apos)[0])
+                    names[ndx] = cstr(table, struct.unpack_from(e + "I", raw, apos)[0])
             else:
-                file = _cstr(table, vfile)
+                file = cstr(table, vfile)
                 for _ in range(cnt):
                     _hash, _fl, other, vname, anext = struct.unpack_from(e + "IHHII", raw, apos)
-                    names[other] = _cstr(table, vname)
+                    names[other] = cstr(table, vname)
                     needs.append((file, names[other]))
                     apos += anext
             pos += nxt

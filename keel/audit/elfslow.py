@@ -10,7 +10,7 @@ from elftools.elf.dynamic import DynamicSection, DynamicSegment
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
 
-from .elf import BINDINGS, ElfFormatError, ElfInfo, SymbolExtra
+from .elf import ElfFormatError, ElfInfo, SymbolExtra
 from .elfsyms import dynsym_names
 
 _SHT_DYNSYM, _SHT_VERSYM = 11, 0x6FFFFFFF
@@ -92,7 +92,7 @@ def _symbols(
         endian = "<" if elf.little_endian else ">"
         return dynsym_names(dynsym.data(), elf.get_section(link).data(), versym, endian, elf.elfclass == 64)
     if not isinstance(dynamic, DynamicSegment):
-        return (), (), (b"", ()), (b"", ())
+        return (), (), (b"", b"", b""), (b"", b"", b"")
     undefined: list[tuple[str, int]] = []
     defined: list[tuple[str, int]] = []
     binds = {"STB_GLOBAL": 1, "STB_WEAK": 2, "STB_GNU_UNIQUE": 10}
@@ -102,9 +102,8 @@ def _symbols(
             continue
         target = undefined if sym["st_shndx"] == "SHN_UNDEF" else defined
         target.append((sym.name, binding))
-    return (
-        tuple(n for n, _ in undefined),
-        tuple(n for n, _ in defined),
-        (bytes(b for _, b in undefined), (0,) * len(undefined)),
-        (bytes(b for _, b in defined), (0,) * len(defined)),
-    )
+
+    def extra(syms: list[tuple[str, int]]) -> SymbolExtra:  # no versions without .gnu.version
+        return b"\1" * len(syms), bytes(b for _, b in syms), bytes(2 * len(syms))
+
+    return tuple(n for n, _ in undefined), tuple(n for n, _ in defined), extra(undefined), extra(defined)

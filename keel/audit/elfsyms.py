@@ -1,17 +1,28 @@
-"""Bulk decoding of .dynsym/.dynstr/.gnu.version: arrays and byte strides, no per-symbol objects."""
+"""Bulk decoding of .dynamic and .dynsym/.dynstr/.gnu.version: arrays and byte strides, no per-symbol objects."""
 
 from __future__ import annotations
 
 import array
+import operator
+import struct
 import sys
-from itertools import accumulate, count
+from itertools import accumulate, compress
 
 from .elf import ElfFormatError, SymbolExtra
 
 _NATIVE = "<" if sys.byteorder == "little" else ">"
 _BIND_OK = bytes((i >> 4) if (i >> 4) in (1, 2, 10) else 0 for i in range(256))  # global/weak/unique
+_NONZERO = bytes([0]) + bytes([1]) * 255
 _VISIBLE = bytes(1 if (o & 0x3) in (0, 3) else 0 for o in range(256))  # default or protected
 _U32 = "I" if array.array("I").itemsize == 4 else "L"
+
+
+def _and(*masks: bytes) -> bytes:
+    """Byte-wise AND of equally long 0/1 masks, in C (through big integers)."""
+    acc = int.from_bytes(masks[0], "little")
+    for mask in masks[1:]:
+        acc &= int.from_bytes(mask, "little")
+    return acc.to_bytes(len(masks[0]), "little")
 
 
 def _array(code: str, raw: bytes, endian: str) -> array.array:
@@ -42,26 +53,54 @@ def dynsym_names(
     vers.extend([0] * (n_syms - len(vers)))
     if not strtab.endswith(b"\0"):
         raise ElfFormatError("malformed ELF: .dynstr does not end with a NUL byte")
-    keep = [i for i, n, b in zip(count(), name_off, binds) if n and b]
-    if keep and max(map(name_off.__getitem__, keep)) >= len(strtab):
+    n_ok = bytes(map(bool, name_off))
+    keep = _and(binds.translate(_NONZERO), n_ok)  # 1 per named global/weak/unique symbol
+    if any(keep) and max(compress(name_off, keep)) >= len(strtab):
         raise ElfFormatError("malformed ELF: a symbol name starts past the end of .dynstr")
-    undefined = [i for i in keep if not shndx[i]]
-    defined = [i for i in keep if shndx[i] and visible[i]]
+    undefined = _and(keep, bytes(map(operator.not_, shndx)))
+    defined = _and(keep, bytes(map(bool, shndx)), visible)
     # latin-1 keeps byte offsets; names are re-decoded as UTF-8 only when not ASCII
     text = strtab.decode("latin-1")
     parts = text.split("\0")
-    at = dict(zip(accumulate(map((1).__add__, map(len, parts)), initial=0), parts)).get
+    at = dict(zip(accumulate(map((1).__add__, map(len, parts)), initial=0), parts, strict=False)).get
 
-    def names(idx: list[int]) -> tuple[str, ...]:
-        offs = list(map(name_off.__getitem__, idx))
+    def names(select: bytes) -> tuple[str, ...]:
+        offs = list(compress(name_off, select))
         got = list(map(at, offs))
         if None in got:  # a name that starts inside another one (tail merging)
-            got = [g if g is not None else text[n : text.find("\0", n)] for g, n in zip(got, offs)]
+            got = [g if g is not None else text[n : text.find("\0", n)] for g, n in zip(got, offs, strict=True)]
         if not strtab.isascii():
             got = [g.encode("latin-1").decode("utf-8", "replace") for g in got]
         return tuple(got)  # type: ignore[arg-type]
 
-    def extra(idx: list[int]) -> SymbolExtra:
-        return bytes(map(binds.__getitem__, idx)), tuple(map(vers.__getitem__, idx))
+    every = (binds, vers.tobytes())  # Symbol objects are built from these only on demand
+    return names(undefined), names(defined), (undefined, *every), (defined, *every)
 
-    return names(undefined), names(defined), extra(undefined), extra(defined)
+
+def cstr(table: bytes, offset: int) -> str:
+    """NUL-terminated string at `offset`, decoded as pyelftools does (UTF-8, replace)."""
+    end = table.find(b"\0", offset)
+    return table[offset : end if end >= 0 else len(table)].decode("utf-8", "replace")
+
+
+def dynamic_tags(
+    raw: bytes, strtab: bytes, e: str, is64: bool
+) -> tuple[str | None, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(soname, needed, rpath, runpath) from the .dynamic entries up to DT_NULL."""
+    soname: str | None = None
+    needed: list[str] = []
+    rpath: list[str] = []
+    runpath: list[str] = []
+    ent = 16 if is64 else 8
+    for tag, val in struct.iter_unpack(e + ("qQ" if is64 else "iI"), raw[: len(raw) // ent * ent]):
+        if tag == 0:
+            break
+        if tag == 1:  # DT_NEEDED
+            needed.append(cstr(strtab, val))
+        elif tag == 15:  # DT_RPATH
+            rpath.extend(p for p in cstr(strtab, val).split(":") if p)
+        elif tag == 29:  # DT_RUNPATH
+            runpath.extend(p for p in cstr(strtab, val).split(":") if p)
+        elif tag == 14:  # DT_SONAME
+            soname = cstr(strtab, val)
+    return soname, tuple(needed), tuple(rpath), tuple(runpath)

@@ -13,17 +13,17 @@ from pathlib import Path
 
 from .elf import ELF_MAGIC
 from .errors import AuditInputError
-from .wheelzip import check_members, head, read_member
+from .wheelzip import MemberReader, check_members, head, read_member
 
 _SO_NAME = re.compile(r"\.so(\.\d+)*$")
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One file that may be an ELF shared object; `load()` returns its bytes or a path."""
+    """One file that may be an ELF shared object; `load()` returns its bytes, a path or a MemberReader."""
 
     path: str
-    load: Callable[[], bytes | Path]
+    load: Callable[[], bytes | Path | MemberReader]
     named_so: bool
 
 
@@ -61,7 +61,7 @@ def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], 
     return tuple(tags), tuple(requires)
 
 
-def open_wheel(path: Path, zf: zipfile.ZipFile, tmpdir: Path) -> Source:
+def open_wheel(path: Path, zf: zipfile.ZipFile) -> Source:
     """Candidates read straight from the zip; metadata from its .dist-info."""
     members = check_members(zf, str(path))
     dist_info = {
@@ -79,11 +79,11 @@ def open_wheel(path: Path, zf: zipfile.ZipFile, tmpdir: Path) -> Source:
         parts = path.name[:-4].split("-")
         tags = (("-".join(parts[-3:])),) if len(parts) >= 5 else ()
     candidates = []
-    for index, info in enumerate(members):
+    for info in members:
         named = bool(_SO_NAME.search(info.filename))
         if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info))):
             candidates.append(
-                Candidate(info.filename, lambda i=info, n=index: read_member(zf, i, tmpdir, n), named)
+                Candidate(info.filename, lambda i=info: read_member(zf, i), named)
             )
     return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates))
 
