@@ -48,9 +48,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": line})
         try:
-            out = llm.chat(messages, params, stream=lambda _i, d: (sys.stdout.write(d), sys.stdout.flush()))[
-                0
-            ]
+            out = llm.chat(messages, params, stream=lambda _i, d: (sys.stdout.write(d), sys.stdout.flush()))[0]
         except KeyboardInterrupt:
             messages.pop()
             print("\n(interrupted)", file=sys.stderr)

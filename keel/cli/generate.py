@@ -72,9 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         required=True,
         help="prompt text (repeatable: several prompts run as one batch); '-' reads stdin",
     )
-    p.add_argument(
-        "--chat", action="store_true", help="wrap each prompt as a user message with the chat template"
-    )
+    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message with the chat template")
     p.add_argument("--no-stream", action="store_true", help="print only when done")
     p.set_defaults(func=run)
 

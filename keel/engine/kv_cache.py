@@ -15,9 +15,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"BlockManager: num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}"
-            )
+            raise ValueError(f"BlockManager: num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         ids = list(range(num_blocks))
         if shuffle_seed is not None:  # tests: block tables that are anything but contiguous

@@ -13,9 +13,10 @@ from keel.engine.runner import ModelRunner, load_model
 from keel.engine.sampler import sample
 from keel.engine.sampling_params import SamplingParams
 from keel.engine.sequence import FinishReason, Sequence
-from keel.hf.config import ModelConfig
+from keel.hf.config import ModelConfig, read_config_json
 from keel.hf.resolve import DEFAULT_MODEL, resolve_model
 from keel.hf.tokenizer import IncrementalDetokenizer, Tokenizer
+from keel.models import get_model_class
 
 StreamCallback = Callable[[int, str], None]  # (prompt index, text delta)
 _DTYPES = {
@@ -56,9 +57,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return (
-        torch.bfloat16
-        if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        else torch.float32
+        torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported() else torch.float32
     )
 
 
@@ -86,14 +85,17 @@ class LLM:
         max_num_seqs: int = 64,
         max_kv_cache_bytes: int = 4 << 30,
         progress: bool = True,
+        cpu_prepack: bool = True,
     ) -> None:
         self.folder = resolve_model(model, revision)
-        self.config = ModelConfig.from_file(self.folder / "config.json")
+        raw = read_config_json(self.folder / "config.json")
+        get_model_class((raw.get("architectures") or ["<missing>"])[0])  # unsupported: fail before parsing
+        self.config = ModelConfig.from_dict(raw)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = resolve_dtype(dtype, self.device)
         self.tokenizer = Tokenizer(self.folder)
         self.model = load_model(self.folder, self.config, self.dtype, self.device, progress=progress)
-        self.runner = ModelRunner(self.model, block_size)
+        self.runner = ModelRunner(self.model, block_size, cpu_prepack=cpu_prepack)
         self.max_num_seqs, self.max_kv_cache_bytes = max_num_seqs, max_kv_cache_bytes
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         self.stats = GenerateStats()
@@ -154,16 +156,19 @@ class LLM:
         params = sampling_params or SamplingParams()
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
-            raise ValueError(
-                f"got {len(prompts)} prompts but {len(plist)} SamplingParams; expected one or as many"
-            )
+            raise ValueError(f"got {len(prompts)} prompts but {len(plist)} SamplingParams; expected one or as many")
         seqs = [self._make_seq(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, plist, strict=True))]
         self._ensure_cache(seqs, shuffle_blocks_seed)
         self.stats = GenerateStats()
         start = time.perf_counter()
         for s in seqs:
             s.start_s = start
-        self._run(seqs, stream)
+        try:
+            self._run(seqs, stream)
+        finally:  # an exception or Ctrl-C mid-run must not leak cache blocks
+            for s in seqs:
+                if s.block_table:
+                    self.runner.block_manager.free(s.block_table)
         return [
             RequestOutput(
                 s.prompt,
@@ -195,17 +200,18 @@ class LLM:
         waiting, running = deque(seqs), []
         while waiting or running:
             batch: list[Sequence] = []
-            while (
-                waiting
-                and len(running) + len(batch) < self.max_num_seqs
-                and bm.can_allocate(waiting[0].max_len)
-            ):
+            while waiting and len(running) + len(batch) < self.max_num_seqs and bm.can_allocate(waiting[0].max_len):
                 seq = waiting.popleft()
                 seq.block_table = bm.allocate(seq.max_len)
                 batch.append(seq)
             prefill = bool(batch)
             if not prefill:
                 batch = running
+            if not batch:
+                raise RuntimeError(
+                    f"the KV cache ({bm.num_blocks} blocks) cannot fit the next request "
+                    f"({bm.blocks_for(waiting[0].max_len)} blocks)"
+                )
             t0 = time.perf_counter()
             logits = self.runner.step(batch, is_prefill=prefill)
             tokens = sample(logits, batch)

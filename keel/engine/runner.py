@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from keel.engine.cpu_linear import can_pack, pack_linears
 from keel.engine.kv_cache import BlockManager
 from keel.engine.sequence import Sequence
 from keel.hf.config import ModelConfig
@@ -31,9 +32,12 @@ def load_model(
 class ModelRunner:
     """Runs prefill and decode steps for a batch of sequences over a paged KV cache."""
 
-    def __init__(self, model: LlamaForCausalLM, block_size: int = 16) -> None:
+    def __init__(self, model: LlamaForCausalLM, block_size: int = 16, cpu_prepack: bool = True) -> None:
         self.model, self.config = model, model.config
-        self.device, self.dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
+        weight = model.model.embed_tokens.weight  # lm_head may already be packed (no .weight)
+        self.device, self.dtype = weight.device, weight.dtype
+        if cpu_prepack and can_pack(weight):
+            pack_linears(model)  # policy lives here, not in the model (as gpt-fast applies torch.compile)
         self.block_size = block_size
         self.num_blocks = 0
         self.block_manager = BlockManager(1, block_size)
@@ -83,14 +87,10 @@ class ModelRunner:
         mask = key_pos < ctx_lens
         if self.config.sliding_window is not None:
             mask &= key_pos > ctx_lens - 1 - self.config.sliding_window
-        bias = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(
-            ~mask, float("-inf")
-        )
+        bias = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
         ctx = AttnContext(
             is_prefill=False,
-            slot_mapping=self._tensor(
-                [bm.slot(s.block_table, n - 1) for s, n in zip(seqs, lens, strict=True)]
-            ),
+            slot_mapping=self._tensor([bm.slot(s.block_table, n - 1) for s, n in zip(seqs, lens, strict=True)]),
             block_tables=tables,
             attn_bias=bias[:, None, None, :],
         )

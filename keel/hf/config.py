@@ -29,9 +29,7 @@ class RopeConfig:
 
     def __post_init__(self) -> None:
         if self.rope_type not in ("default", "llama3"):
-            raise ConfigError(
-                f"rope type {self.rope_type!r} is not supported; expected 'default' or 'llama3'"
-            )
+            raise ConfigError(f"rope type {self.rope_type!r} is not supported; expected 'default' or 'llama3'")
         if self.theta <= 0:
             raise ConfigError(f"rope_theta must be > 0, got {self.theta}")
 
@@ -81,17 +79,11 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         if self.head_dim % 2:
-            raise ConfigError(
-                f"config.json: head_dim must be even for rotary embeddings, got {self.head_dim}"
-            )
+            raise ConfigError(f"config.json: head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.hidden_act != "silu":
-            raise ConfigError(
-                f"config.json: hidden_act {self.hidden_act!r} is not supported; expected 'silu'"
-            )
+            raise ConfigError(f"config.json: hidden_act {self.hidden_act!r} is not supported; expected 'silu'")
         if self.sliding_window is not None and self.sliding_window <= 0:
-            raise ConfigError(
-                f"config.json: sliding_window must be positive or null, got {self.sliding_window}"
-            )
+            raise ConfigError(f"config.json: sliding_window must be positive or null, got {self.sliding_window}")
 
     @property
     def q_size(self) -> int:
@@ -157,16 +149,21 @@ class ModelConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> ModelConfig:
         """Read and validate `config.json`."""
-        path = Path(path)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config.json not found at {path}") from exc
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path} must hold a JSON object, got {type(raw).__name__}")
-        return cls.from_dict(raw)
+        return cls.from_dict(read_config_json(path))
+
+
+def read_config_json(path: str | Path) -> dict[str, Any]:
+    """The parsed `config.json`, or a `ConfigError` saying why it cannot be read."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config.json not found at {path}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 def _rope_from_dict(raw: dict[str, Any]) -> RopeConfig:
@@ -181,9 +178,7 @@ def _rope_from_dict(raw: dict[str, Any]) -> RopeConfig:
     if rope_type == "default":
         return RopeConfig(theta=float(theta))
     if rope_type != "llama3":
-        raise ConfigError(
-            f"config.json: rope type {rope_type!r} is not supported; expected 'default' or 'llama3'"
-        )
+        raise ConfigError(f"config.json: rope type {rope_type!r} is not supported; expected 'default' or 'llama3'")
     try:
         return RopeConfig(
             theta=float(theta),

@@ -40,14 +40,10 @@ def resolve_model(model: str, revision: str | None = None) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(
-                f"{path} is a folder but has no config.json; expected a Hugging Face checkpoint"
-            )
+            raise ModelNotFoundError(f"{path} is a folder but has no config.json; expected a Hugging Face checkpoint")
         return path
     if not _looks_like_repo_id(model):
-        raise ModelNotFoundError(
-            f"model folder {path} does not exist (and {model!r} is not a repo id like 'org/name')"
-        )
+        raise ModelNotFoundError(f"model folder {path} does not exist (and {model!r} is not a repo id like 'org/name')")
     from huggingface_hub import snapshot_download  # deferred: importing it costs ~0.3 s
 
     cache = hub_cache_dir()

@@ -37,9 +37,7 @@ class Tokenizer:
 
         path = folder / "tokenizer.json"
         if not path.is_file():
-            raise TokenizerError(
-                f"tokenizer.json not found in {folder}; keel needs a fast (tokenizers) tokenizer"
-            )
+            raise TokenizerError(f"tokenizer.json not found in {folder}; keel needs a fast (tokenizers) tokenizer")
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on parse errors
@@ -89,9 +87,7 @@ class Tokenizer:
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Template then tokenize; the template already holds the special tokens it wants."""
-        return self.encode(
-            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
-        )
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
 
 
 def _load_template(folder: Path, cfg: dict[str, Any]) -> str | None:
@@ -122,9 +118,7 @@ def _compile(source: str) -> Any:
         separators: Any = None,
         sort_keys: bool = False,
     ) -> str:
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = tojson

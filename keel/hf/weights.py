@@ -23,9 +23,7 @@ def weight_files(folder: Path) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise WeightsError(
-                f"{index} is not a valid safetensors index (expected a 'weight_map' object)"
-            ) from exc
+            raise WeightsError(f"{index} is not a valid safetensors index (expected a 'weight_map' object)") from exc
         files = [folder / name for name in dict.fromkeys(weight_map.values())]
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]

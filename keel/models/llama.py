@@ -63,7 +63,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA attention: fused qkv projection, rotary, paged cache write, SDPA."""
+    """GQA attention: fused qkv projection, rotary, paged cache write, SDPA (prefill) or paged decode."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -112,9 +112,7 @@ class Attention(nn.Module):
             if self.sliding_window is not None and n > self.sliding_window:
                 idx = torch.arange(n, device=q.device)
                 mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] > idx[:, None] - self.sliding_window)
-            o = F.scaled_dot_product_attention(
-                qs, ks, vs, attn_mask=mask, is_causal=mask is None, enable_gqa=True
-            )
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
             out[start:end] = o[0].transpose(0, 1)
         return out.view(q.shape[0], self.q_size)
 
@@ -125,8 +123,9 @@ class Attention(nn.Module):
         SDPA runs without GQA expansion (about 2x faster on CPU than `enable_gqa`)."""
         assert ctx.block_tables is not None and ctx.attn_bias is not None
         b, kv = q.shape[0], self.num_kv_heads
-        k = self.k_cache[ctx.block_tables].view(b, -1, kv, self.head_dim).transpose(1, 2)  # [B, KV, L, D]
-        v = self.v_cache[ctx.block_tables].view(b, -1, kv, self.head_dim).transpose(1, 2)
+        blocks = ctx.block_tables.view(-1)  # index_select: ~7x faster than advanced indexing on CPU
+        k = self.k_cache.index_select(0, blocks).view(b, -1, kv, self.head_dim).transpose(1, 2)  # [B, KV, L, D]
+        v = self.v_cache.index_select(0, blocks).view(b, -1, kv, self.head_dim).transpose(1, 2)
         q = q.view(b, kv, -1, self.head_dim)  # [B, KV, G, D]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_bias)  # [B, KV, G, D]
         return o.reshape(b, self.q_size)
@@ -211,7 +210,7 @@ class LlamaForCausalLM(nn.Module):
 
     def init_rope(self) -> None:
         """Build the shared cos/sin cache on the model's device and dtype (after loading)."""
-        cfg, w = self.config, self.lm_head.weight
+        cfg, w = self.config, self.model.embed_tokens.weight
         cache = rope_cos_sin_cache(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, w.dtype, w.device)
         for layer in self.model.layers:
             layer.self_attn.cos_sin_cache = cache
@@ -250,9 +249,7 @@ class LlamaForCausalLM(nn.Module):
             else:
                 dest = params.get(name)
             if dest is None:
-                raise WeightsError(
-                    f"checkpoint tensor {ckpt_name!r} has no place in {self.config.architecture}"
-                )
+                raise WeightsError(f"checkpoint tensor {ckpt_name!r} has no place in {self.config.architecture}")
             if tuple(tensor.shape) != tuple(dest.shape):
                 raise WeightsError(
                     f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}; config.json "
@@ -260,9 +257,7 @@ class LlamaForCausalLM(nn.Module):
                 )
             dest.copy_(tensor)
             loaded.add((name, shard))
-        missing = sorted(
-            f"{n}[{s}]" if ("qkv_proj." in n or "gate_up_proj." in n) else n for n, s in expected - loaded
-        )
+        missing = sorted(f"{n}[{s}]" if ("qkv_proj." in n or "gate_up_proj." in n) else n for n, s in expected - loaded)
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise WeightsError(f"checkpoint is missing {len(missing)} tensors: {shown}")

@@ -91,3 +91,15 @@ def test_chat_uses_template(llms):
     out = llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=4, ignore_eos=True))[0]
     assert out.prompt_token_ids == llm.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
     assert len(out.token_ids) == 4
+
+
+@needs_ops
+def test_interrupted_generate_frees_blocks(llms):
+    llm = llms("llama")
+
+    def boom(_i: int, _delta: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["The quick brown", "fox"], SamplingParams(max_tokens=8, ignore_eos=True), stream=boom)
+    assert llm.runner.block_manager.num_free == llm.runner.num_blocks

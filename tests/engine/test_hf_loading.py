@@ -90,11 +90,27 @@ def test_unsupported_architecture_names_supported():
         get_model_class("GPT2LMHeadModel")
 
 
+def test_unsupported_checkpoint_fails_before_loading(tmp_path):
+    from keel.engine import LLM
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 8}))
+    with pytest.raises(UnsupportedArchitectureError, match="'GPT2LMHeadModel' is not supported; supported: "):
+        LLM(str(tmp_path))
+
+
 def test_resolve_cache_and_local(hf_cache):
     folder = resolve_model("keel-test/tiny-llama")
     assert folder == model_dir(hf_cache, "llama")
     assert resolve_model(str(folder)) == folder
     assert resolve_model("keel-test/tiny-llama", revision=COMMIT) == folder
+
+
+def test_resolve_through_hf_home(hf_cache, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(hf_cache.parent))  # the cache is $HF_HOME/hub
+    assert resolve_model("keel-test/tiny-qwen3") == model_dir(hf_cache, "qwen3")
+    with pytest.raises(ModelNotFoundError, match="revision 'v9'"):
+        resolve_model("keel-test/tiny-qwen3", revision="v9")
 
 
 def test_missing_model_says_where_it_looked(hf_cache, tmp_path):
@@ -140,9 +156,7 @@ def test_shape_mismatch_and_missing_tensor(hf_cache, tmp_path):
     folder = _copy(hf_cache, "llama", tmp_path / "m")
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(cfg | {"intermediate_size": 96}))
-    with pytest.raises(
-        WeightsError, match=r"mlp\.\w+_proj\.weight. has shape \(\d+, \d+\); config.json implies"
-    ):
+    with pytest.raises(WeightsError, match=r"mlp\.\w+_proj\.weight. has shape \(\d+, \d+\); config.json implies"):
         LLM(str(folder), dtype="float32")
     (folder / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": 3}))
     with pytest.raises(WeightsError, match="missing .* tensors: model.layers.2"):

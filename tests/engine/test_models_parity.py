@@ -88,3 +88,39 @@ def test_seeded_sampling_is_reproducible(llms):
     params = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=1234, ignore_eos=True)
     a, b = llm.generate(PROMPTS[0], params)[0], llm.generate(PROMPTS[0], params)[0]
     assert a.token_ids == b.token_ids
+
+
+def test_bf16_prepacked_linears_match_plain(hf_cache):
+    from keel.engine import LLM
+
+    packed = LLM("keel-test/tiny-qwen2", dtype="bf16", device="cpu")
+    plain = LLM("keel-test/tiny-qwen2", dtype="bf16", device="cpu", cpu_prepack=False)
+    assert type(packed.model.model.layers[0].mlp.down_proj).__name__ == "PackedLinear"
+    ids = packed.tokenizer.encode(PROMPTS[1])
+    torch.testing.assert_close(keel_prompt_logits(packed, ids), keel_prompt_logits(plain, ids), atol=2e-2, rtol=0)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    assert packed.generate(PROMPTS, params)[0].token_ids == plain.generate(PROMPTS, params)[0].token_ids
+
+
+def test_waves_when_seqs_or_blocks_run_out(llms):
+    """More prompts than max_num_seqs / cache blocks: admitted in waves, prefill interleaved with decode."""
+    llm = llms("qwen3")
+    prompts = PROMPTS + ["fox jumps", "Hello world! Numbers"]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 14, 9, 3, 11)]
+    single = [llm.generate(p, sp)[0].token_ids for p, sp in zip(prompts, params, strict=True)]
+    llm.max_num_seqs = 2
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == single
+    finally:
+        llm.max_num_seqs = 64
+    llm.runner.allocate_kv_cache(1)
+    budget, llm.max_kv_cache_bytes = llm.max_kv_cache_bytes, llm.runner.kv_bytes_per_block() * 20
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, params)] == single
+        need = sum(
+            llm.runner.block_manager.blocks_for(len(o.prompt_token_ids) + len(o.token_ids))
+            for o in llm.generate(prompts, params)
+        )
+        assert llm.runner.num_blocks == 20 < need  # the pool really was too small for all at once
+    finally:
+        llm.max_kv_cache_bytes = budget

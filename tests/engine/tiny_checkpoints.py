@@ -33,9 +33,7 @@ def _ops_available() -> bool:
         return False
 
 
-needs_ops = pytest.mark.skipif(
-    not _ops_available(), reason="keel's native ops (keel/_C.abi3.so) are not built"
-)
+needs_ops = pytest.mark.skipif(not _ops_available(), reason="keel's native ops (keel/_C.abi3.so) are not built")
 
 
 def train_tokenizer(folder: Path) -> None:
