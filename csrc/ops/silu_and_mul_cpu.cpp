@@ -1,8 +1,6 @@
 // keel/csrc/ops/silu_and_mul_cpu.cpp
 // CPU kernel of keel::silu_and_mul (compiled once per ISA, no torch header).
 // Matches torch: silu is evaluated in float and rounded to the dtype before the multiply.
-#include <cmath>
-
 #include "ops/silu_and_mul.h"
 
 namespace keel::KEEL_CPU_NS {
@@ -17,10 +15,17 @@ void rows_impl(const SiluAndMulParams& p, int64_t begin, int64_t end) {
     const T* xr = x + row_offset(p.x_rows, r);
     T* o = out + r * d;
     const int64_t e = p.x_col;
-    for (int64_t i = 0; i < d; ++i) {
-      const float g = load(xr + i * e);
-      const float u = load(xr + (d + i) * e);
-      store(o + i, round_to<T>(g / (1.0f + std::exp(-g))) * u);
+    if (e == 1) {
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) {
+        const float g = load(xr + i);
+        store(o + i, round_to<T>(g / (1.0f + exp_f32(-g))) * load(xr + d + i));
+      }
+    } else {
+      for (int64_t i = 0; i < d; ++i) {
+        const float g = load(xr + i * e);
+        store(o + i, round_to<T>(g / (1.0f + exp_f32(-g))) * load(xr + (d + i) * e));
+      }
     }
   }
 }

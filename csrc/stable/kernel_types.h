@@ -123,6 +123,26 @@ KEEL_KINLINE void store(f16_t* p, float f) {
 }
 #endif  // __F16C__
 
+// exp(x) for float32 with about 1 ulp error (Cody-Waite reduction + degree-6 polynomial,
+// as in Cephes' expf), written without libm calls or branches so kernel loops vectorize.
+// NaN propagates; results saturate at exp(-87.3) and exp(88.7).
+KEEL_KINLINE float exp_f32(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.7f ? 88.7f : x;
+  const float t = x * 1.44269504088896341f + 12582912.0f;  // round(x / ln2) via the 1.5 * 2^23 trick
+  const float n = t - 12582912.0f;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t e = static_cast<int32_t>(n) + 127;
+  return y * bits_to_float(static_cast<uint32_t>(e) << 23);
+}
+
 // Rounds a float through the storage type T (the value a store+load would give).
 template <typename T>
 KEEL_KINLINE float round_to(float f) {

@@ -72,7 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         required=True,
         help="prompt text (repeatable: several prompts run as one batch); '-' reads stdin",
     )
-    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message with the chat template")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="wrap each prompt as a user message with the chat template (default when the model has one)")
+    mode.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt text as is, no chat template")
     p.add_argument("--no-stream", action="store_true", help="print only when done")
     p.set_defaults(func=run)
 
@@ -84,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         llm = load_llm(args)
         stream = len(prompts) == 1 and not args.no_stream
         callback = (lambda _i, delta: (sys.stdout.write(delta), sys.stdout.flush())) if stream else None
-        if args.chat:
+        use_chat = args.chat if args.chat is not None else llm.tokenizer.chat_template is not None
+        if use_chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, stream=callback)
         else:
             outputs = llm.generate(prompts, params, stream=callback)

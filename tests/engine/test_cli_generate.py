@@ -79,3 +79,15 @@ def test_chat_session(hf_cache, capsys, monkeypatch):
 def test_bad_sampling_args(hf_cache, capsys, argv):
     rc = main(["generate", "--model", "keel-test/tiny-llama", "--prompt", "x", *argv])
     assert rc == 1 and "SamplingParams" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, want_chat", [([], True), (["--chat"], True), (["--raw"], False)])
+def test_chat_template_is_the_default(hf_cache, capsys, monkeypatch, flag, want_chat):
+    from keel.engine.llm import LLM
+
+    used = []
+    real_chat = LLM.chat
+    monkeypatch.setattr(LLM, "chat", lambda self, *a, **k: used.append("chat") or real_chat(self, *a, **k))
+    argv = ["generate", "--model", "keel-test/tiny-smollm2", "--dtype", "fp32", "--prompt", "hi", "--max-tokens", "2"]
+    assert main([*argv, *flag]) == 0
+    assert (used == ["chat"]) == want_chat
