@@ -91,7 +91,8 @@ def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list
     defined = info.defined_names
     exported = list(compress(defined, _lookup(defined, ctx.exported, _unstable_export)))
     floor = highest(sorted(set(shims.values())))
-    py_floor = highest(sorted(set(limited.values())))
+    # the abi3 floor only means something when every CPython symbol is in the limited API
+    py_floor = None if nonlimited else highest(sorted(set(limited.values())))
     abi3 = ".abi3." in path.rsplit("/", 1)[-1] or ctx.abi3_wheel
     vers = symbol_versions(info)
     verdict = UNSTABLE if (unstable_undef or exported or unknown) else STABLE if shims else NO_TORCH

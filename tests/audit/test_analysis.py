@@ -153,3 +153,10 @@ def test_keels_own_wheel_if_built() -> None:
     result = audit([wheels[-1]], target_torch="2.10")
     assert result, result.render()
     assert (result.verdict, result.torch_floor) == ("STABLE", "2.10")
+
+
+def test_no_abi3_python_floor_once_non_limited_symbols_are_used(libs: dict[str, Path]) -> None:
+    # PyLong_FromLong is limited API 3.2, but PyCode_Addr2Line is not limited at all: the library is
+    # tied to one CPython version, so an abi3 floor would mislead
+    (lib,) = audit([str(libs["nonlimited"])]).libraries
+    assert lib.cpython_nonlimited == ("PyCode_Addr2Line",) and lib.python_floor is None
