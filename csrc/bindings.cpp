@@ -16,4 +16,8 @@ KEEL_LIBRARY(m) {
       "Tensor cos_sin_cache, bool is_neox) -> ()");
   // silu(x[..., :d]) * x[..., d:] for x of last dim 2d; new contiguous tensor.
   m.def("silu_and_mul(Tensor x) -> Tensor");
+  // Writes key/value rows of each token into the paged caches at slot_mapping (-1: padding, skipped).
+  m.def(
+      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor slot_mapping) -> ()");
 }

@@ -63,7 +63,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA attention: fused qkv projection, rotary, paged cache write, SDPA (prefill) or paged decode."""
+    """GQA attention: fused qkv projection, rotary, paged cache write (keel ops), SDPA (prefill) or paged decode."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -94,8 +94,7 @@ class Attention(nn.Module):
         ops.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, True)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        self.k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, ctx.slot_mapping, k)
-        self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, ctx.slot_mapping, v)
+        ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         q = q.view(t, self.num_heads, self.head_dim)
         out = self._prefill(q, k, v, ctx) if ctx.is_prefill else self._decode(q, ctx)
         return self.o_proj(out)

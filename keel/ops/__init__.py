@@ -7,8 +7,16 @@ and, where it makes sense, its autograd formula.
 from __future__ import annotations
 
 from keel.ops.activation import silu_and_mul
+from keel.ops.cache import reshape_and_cache
 from keel.ops.elementwise import fused_muladd
 from keel.ops.norm import fused_add_rms_norm, rms_norm
 from keel.ops.rotary import rotary_embedding
 
-__all__ = ["fused_add_rms_norm", "fused_muladd", "rms_norm", "rotary_embedding", "silu_and_mul"]
+__all__ = [
+    "fused_add_rms_norm",
+    "fused_muladd",
+    "reshape_and_cache",
+    "rms_norm",
+    "rotary_embedding",
+    "silu_and_mul",
+]

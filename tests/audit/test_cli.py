@@ -45,10 +45,11 @@ def test_invalid_elf_exit_2(libs: dict[str, Path], capsys: pytest.CaptureFixture
     assert "not an ELF file" in capsys.readouterr().out
 
 
-def test_python_m(libs: dict[str, Path]) -> None:
+def test_python_m(libs: dict[str, Path], tmp_path: Path) -> None:
+    # run outside the checkout: `python -m` puts the working directory first on sys.path
     proc = subprocess.run(
         [sys.executable, "-m", "keel.audit", str(libs["stable"]), "--require-stable"],
-        cwd=REPO,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         check=False,

@@ -33,9 +33,11 @@ print("ok")
 
 
 @pytest.mark.parametrize("isa", ["base", "auto"])
-def test_rounding_matches_torch(isa):
+def test_rounding_matches_torch(isa, tmp_path):
     env = dict(os.environ, KEEL_CPU_ISA=isa)
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    # cwd outside the checkout: `python -c` puts the working directory first on sys.path
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
 
 

@@ -1,0 +1,45 @@
+// keel/csrc/ops/reshape_and_cache.cu
+// CUDA launcher of keel::reshape_and_cache (no torch header). One block per token.
+#include "ops/cuda_common.cuh"
+#include "ops/reshape_and_cache.h"
+
+namespace keel {
+namespace {
+
+template <typename T>
+__device__ void copy_side(const CacheSide& s, int64_t t, int64_t block, int64_t offset, int64_t heads, int64_t d) {
+  const T* src = static_cast<const T*>(s.src) + t * s.src_t;
+  T* dst = static_cast<T*>(s.cache) + block * s.c_b + offset * s.c_s;
+  for (int64_t j = threadIdx.x; j < heads * d; j += blockDim.x) {
+    const int64_t h = j / d;
+    const int64_t i = j - h * d;
+    dst[h * s.c_h + i * s.c_d] = src[h * s.src_h + i * s.src_d];
+  }
+}
+
+template <typename T>
+__global__ void reshape_and_cache_kernel(ReshapeAndCacheParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = p.slots[t * p.slot_stride];
+  if (slot < 0) return;
+  const int64_t block = slot / p.block_size;
+  const int64_t offset = slot - block * p.block_size;
+  copy_side<T>(p.key, t, block, offset, p.kv_heads, p.head_size);
+  copy_side<T>(p.value, t, block, offset, p.kv_heads, p.head_size);
+}
+
+}  // namespace
+
+void reshape_and_cache_cuda(const ReshapeAndCacheParams& p, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto blocks = static_cast<unsigned>(p.num_tokens);
+  const int threads = 128;
+  switch (p.element_size) {
+    case 2: reshape_and_cache_kernel<uint16_t><<<blocks, threads, 0, s>>>(p); break;
+    case 4: reshape_and_cache_kernel<uint32_t><<<blocks, threads, 0, s>>>(p); break;
+    default: reshape_and_cache_kernel<uint8_t><<<blocks, threads, 0, s>>>(p); break;
+  }
+  cuda::check_launch("keel::reshape_and_cache");
+}
+
+}  // namespace keel
