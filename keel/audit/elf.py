@@ -1,7 +1,8 @@
 """ELF reading: DT_NEEDED, RPATH/RUNPATH, dynamic symbols with binding and version.
 
 The common case (section headers with .dynamic and .dynsym) is read with struct/array in bulk;
-objects without them go through pyelftools (`elfslow.py`).
+objects without them go through pyelftools (`elfslow.py`). Streamed wheel members are first read
+from PT_DYNAMIC alone (`elfdyn.py`), so the member is inflated only as far as that needs.
 """
 
 from __future__ import annotations
@@ -87,7 +88,11 @@ class _Shdr(NamedTuple):
 
 
 class RandomAccess(Protocol):
-    """Anything with a size and positional reads (short at the end), e.g. a streamed wheel member."""
+    """Anything with a size and positional reads (short at the end), e.g. a streamed wheel member.
+
+    A source with a true `streamed` attribute is read from its dynamic segment first (elfdyn.py);
+    when that falls back, its last byte is read too (a wheel member's CRC is checked at its end).
+    """
 
     size: int
 
@@ -131,10 +136,20 @@ def _read(src: RandomAccess) -> ElfInfo:
         raise ElfFormatError(f"not an ELF file: expected magic 7f454c46, got {head[:4].hex() or 'empty file'}")
     if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2) or (head[4] == 2 and len(head) < 64):
         return _slow(src)  # odd class/encoding or a stub header: let pyelftools word the error
+    streamed = getattr(src, "streamed", False)
+    if streamed:
+        from .elfdyn import read_dynamic  # imports this module
+
+        info = read_dynamic(src, head)
+        if info is not None:
+            return info
     try:
-        return _fast(src, head)
+        info = _fast(src, head)
     except (struct.error, ValueError, IndexError, KeyError, OverflowError) as exc:
         raise ElfFormatError(f"truncated or malformed ELF: {exc or type(exc).__name__}") from None
+    if streamed:  # the fallback inflates the whole member, so zipfile checks its CRC
+        src.read(src.size - 1, 1)
+    return info
 
 
 def _slow(src: RandomAccess) -> ElfInfo:
@@ -216,33 +231,12 @@ def _section(src: RandomAccess, sec: _Shdr) -> bytes:
 def _versions(
     src: RandomAccess, secs: list[_Shdr], strings: Callable[[_Shdr], bytes], e: str
 ) -> tuple[dict[int, str], list[tuple[str, str]]]:
-    """Version index -> name (verneed, verdef) and every (file, version) needed, walked as pyelftools does."""
-    from .elfsyms import cstr
+    """Version index -> name (verneed, verdef) and every (file, version) needed, in section order."""
+    from .elfsyms import walk_versions
 
     names: dict[int, str] = {}
     needs: list[tuple[str, str]] = []
     for sec in secs:
-        if sec.type not in (_SHT_VERNEED, _SHT_VERDEF):
-            continue
-        raw, table, pos = _section(src, sec), strings(sec), 0
-        for _ in range(sec.info):
-            if sec.type == _SHT_VERNEED:
-                _ver, cnt, vfile, aux, nxt = struct.unpack_from(e + "HHIII", raw, pos)
-            else:
-                _ver, flags, ndx, cnt, _h, aux, nxt = struct.unpack_from(e + "HHHHIII", raw, pos)
-            if cnt <= 0:
-                raise ElfFormatError("malformed ELF: a version entry has no auxiliary entries")
-            apos = pos + aux
-            if sec.type == _SHT_VERDEF:  # only the first auxiliary names a definition
-                if not flags & 0x1:  # skip VER_FLG_BASE
-                    names[ndx] = cstr(table, struct.unpack_from(e + "I", raw, apos)[0])
-            else:
-                file = cstr(table, vfile)
-                for _ in range(cnt):
-                    _hash, _fl, other, vname, anext = struct.unpack_from(e + "IHHII", raw, apos)
-                    names[other] = cstr(table, vname)
-                    needs.append((file, names[other]))
-                    apos += anext
-            pos += nxt
+        if sec.type in (_SHT_VERNEED, _SHT_VERDEF):
+            walk_versions(_section(src, sec), strings(sec), sec.type == _SHT_VERNEED, sec.info, e, names, needs)
     return names, needs
-

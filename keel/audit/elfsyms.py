@@ -104,3 +104,29 @@ def dynamic_tags(
         elif tag == 14:  # DT_SONAME
             soname = cstr(strtab, val)
     return soname, tuple(needed), tuple(rpath), tuple(runpath)
+
+
+def walk_versions(
+    raw: bytes, table: bytes, need: bool, count: int, e: str, names: dict[int, str], needs: list[tuple[str, str]]
+) -> None:
+    """Walk `count` verneed (need) or verdef entries of `raw` as pyelftools does, filling names/needs."""
+    pos = 0
+    for _ in range(count):
+        if need:
+            _ver, cnt, vfile, aux, nxt = struct.unpack_from(e + "HHIII", raw, pos)
+        else:
+            _ver, flags, ndx, cnt, _h, aux, nxt = struct.unpack_from(e + "HHHHIII", raw, pos)
+        if cnt <= 0:
+            raise ElfFormatError("malformed ELF: a version entry has no auxiliary entries")
+        apos = pos + aux
+        if not need:  # only the first auxiliary names a definition
+            if not flags & 0x1:  # skip VER_FLG_BASE
+                names[ndx] = cstr(table, struct.unpack_from(e + "I", raw, apos)[0])
+        else:
+            file = cstr(table, vfile)
+            for _ in range(cnt):
+                _hash, _fl, other, vname, anext = struct.unpack_from(e + "IHHII", raw, apos)
+                names[other] = cstr(table, vname)
+                needs.append((file, names[other]))
+                apos += anext
+        pos += nxt

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import stat
-import struct
 import zipfile
-from collections.abc import Callable
 from pathlib import PurePosixPath
 
 from .errors import AuditInputError
@@ -14,7 +12,8 @@ MAX_MEMBER = 8 << 30  # one member larger than 8 GiB is not a real extension
 MAX_TOTAL = 32 << 30  # nor is a wheel that unpacks to more than 32 GiB
 MAX_RATIO = 200  # compression ratio above which a large member is a zip bomb
 HEAD_WINDOW = 64 << 20  # bytes kept from the start of a member (MemberReader)
-CHUNK = 1 << 20  # inflate this many bytes per read; pieces are kept as they come
+CHUNK = 1 << 20  # inflate at most this many bytes per read; pieces are kept as they come
+MIN_READ = 64 << 10  # and at least this many (no tiny reads for headers)
 
 
 def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
@@ -78,17 +77,22 @@ def _unreadable(info: zipfile.ZipInfo, exc: Exception) -> AuditInputError:
 
 
 class MemberReader:
-    """Random access to a member, inflated in CHUNK pieces that are kept as they come (no big buffer).
+    """Random access to a member, inflated lazily from its start, only as far as reads reach.
 
-    One streaming pass keeps the first HEAD_WINDOW bytes (all of a typical member), the PT_DYNAMIC
-    segment and the section header table; a read outside those costs one more pass over the member.
-    zipfile checks the member's CRC at the end of every pass.
+    Pieces in the first HEAD_WINDOW bytes and every range read are kept as they come (no big
+    buffer); a read behind the stream outside those restarts the stream. zipfile checks the CRC
+    when a pass reaches the end of the member: the section-header path (which reads the table at
+    the end) checks it, the dynamic-segment path (elfdyn.py) usually stops early and does not.
     """
+
+    streamed = True  # elf.read_elf tries the dynamic segment first
 
     def __init__(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
         self.zf, self.info, self.size = zf, info, info.file_size
         self.kept: list[tuple[int, bytes]] = []  # (offset, bytes), sorted by offset
-        self._pass(_plan)
+        self.pos = 0  # bytes inflated by the current pass
+        self.passes = 0
+        self._fh: zipfile.ZipExtFile | None = None
 
     def read(self, offset: int, size: int) -> bytes:
         """Bytes [offset, offset + size), short at the end of the member like a file read."""
@@ -97,7 +101,7 @@ class MemberReader:
             return b""
         got = self._cover(offset, end)
         if got is None:
-            self._pass(lambda _head: [(offset, end)])
+            self._advance(offset, end)
             got = self._cover(offset, end)
         if got is None:  # the member is shorter than its directory entry says
             raise _unreadable(self.info, EOFError(f"no bytes at offset {offset}"))
@@ -114,57 +118,37 @@ class MemberReader:
                     return out[0] if len(out) == 1 else b"".join(out)
         return None
 
-    def _pass(self, plan: Callable[[bytes], list[tuple[int, int]]]) -> None:
-        """Stream the member once, keeping the pieces of the ranges `plan(first chunk)` asks for."""
-        wanted: list[tuple[int, int]] = []
-        pos = 0
+    def _advance(self, lo: int, hi: int) -> None:
+        """Inflate up to `hi` (restarting when [lo, pos) was not kept), keeping [lo, hi) and the head window."""
         try:
-            with self.zf.open(self.info) as fh:
-                while chunk := fh.read(CHUNK):
-                    if not pos:
-                        wanted = _merge(plan(chunk))
-                    end = pos + len(chunk)
-                    for lo, hi in wanted:
-                        if lo <= pos and end <= hi:
-                            self.kept.append((pos, chunk))
-                        elif lo < end and hi > pos:
-                            self.kept.append((max(lo, pos), chunk[max(lo - pos, 0) : min(hi, end) - pos]))
-                    pos = end
+            if self._fh is None or (lo < self.pos and self._cover(lo, min(hi, self.pos)) is None):
+                if self._fh is not None:
+                    self._fh.close()
+                self._fh, self.pos = self.zf.open(self.info), 0
+                self.passes += 1
+            while self.pos < hi:
+                chunk = self._fh.read(min(CHUNK, max(hi - self.pos, MIN_READ)))
+                if not chunk:
+                    break
+                pos, end = self.pos, self.pos + len(chunk)
+                for keep_lo, keep_hi in ((0, HEAD_WINDOW), (lo, hi)):
+                    if keep_lo <= pos and end <= keep_hi:
+                        self._keep(pos, chunk)
+                        break
+                    if keep_lo < end and keep_hi > pos:
+                        self._keep(max(keep_lo, pos), chunk[max(keep_lo - pos, 0) : min(keep_hi, end) - pos])
+                self.pos = end
+            if self.pos >= self.size:  # read past the end: zipfile checks the CRC here
+                self._fh.read(1)
+                self._fh.close()
+                self._fh = None
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
             raise _unreadable(self.info, exc) from None
         self.kept.sort(key=lambda piece: piece[0])
 
-
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted, non-overlapping union of half-open ranges."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(r for r in ranges if r[0] < r[1]):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def _plan(head: bytes) -> list[tuple[int, int]]:
-    """Ranges worth keeping from an ELF object, judged from its first bytes (best effort)."""
-    out = [(0, HEAD_WINDOW)]
-    if head[:4] != b"\x7fELF" or len(head) < 64 or head[4] not in (1, 2) or head[5] not in (1, 2):
-        return out
-    is64, e = head[4] == 2, "<" if head[5] == 1 else ">"
-    phoff, shoff, _f, _eh, phent, phnum, shent, shnum = struct.unpack_from(
-        e + ("QQIHHHHH" if is64 else "IIIHHHHH"), head, 32 if is64 else 28
-    )
-    out.append((shoff, shoff + shent * shnum))
-    for i in range(phnum):
-        at = phoff + i * phent
-        if at + phent > len(head) or phent < (56 if is64 else 32):
-            break
-        ph = struct.unpack_from(e + ("IIQQQQ" if is64 else "IIIIII"), head, at)
-        offset, filesz = (ph[2], ph[5]) if is64 else (ph[1], ph[4])
-        if ph[0] == 2:  # PT_DYNAMIC
-            out.append((offset, offset + filesz))
-    return out
+    def _keep(self, offset: int, data: bytes) -> None:
+        if not self._cover(offset, offset + len(data)):
+            self.kept.append((offset, data))
 
 
 def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18) -> bytes:
