@@ -4,7 +4,9 @@ Builds, in a temp dir, a synthetic wheel of ~500 MB (many large .so files: a few
 symbols each plus an incompressible payload section), then times keel on the .whl and on the
 unpacked tree, and torch-abi-audit on the unpacked tree. Prints a markdown table.
 
-    python scripts/bench_audit.py [--size-mb 500] [--files 100] [--wheel dist/keel-*.whl]
+    python scripts/bench_audit.py [--size-mb 500] [--files 100] [--wheel dist/keel-*.whl] [--audit-dir DIR]
+
+--audit-dir times another copy of keel/audit (e.g. an older commit's, for before/after on one box).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 N_UNSTABLE, N_SHIM, N_EXPORTED = 1500, 300, 1000
 
 
-def _load_audit():
+def _load_audit(where: Path = ROOT / "keel/audit"):
     """keel/audit by file path, as setup.py loads it."""
     spec = importlib.util.spec_from_file_location(
-        "_keel_audit", ROOT / "keel/audit/__init__.py", submodule_search_locations=[str(ROOT / "keel/audit")]
+        "_keel_audit", where / "__init__.py", submodule_search_locations=[str(where)]
     )
     module = importlib.util.module_from_spec(spec)
     sys.modules["_keel_audit"] = module
@@ -101,8 +103,9 @@ def main() -> int:
     parser.add_argument("--size-mb", type=int, default=500)
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--wheel", default=str(ROOT / "dist/keel-*.whl"), help="keel's own wheel (glob)")
+    parser.add_argument("--audit-dir", type=Path, default=ROOT / "keel/audit", help="keel/audit to time")
     args = parser.parse_args()
-    audit = _load_audit()
+    audit = _load_audit(args.audit_dir)
     rows = []
     with tempfile.TemporaryDirectory(prefix="keel-bench-") as tmp:
         work = Path(tmp)

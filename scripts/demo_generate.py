@@ -28,12 +28,17 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = LLM(args.model)
     load_s = time.perf_counter() - t0
-    out = llm.chat([{"role": "user", "content": args.prompt}], SamplingParams(max_tokens=args.max_tokens))[0]
-    print(f"torch {torch.__version__} | model {args.model} ({llm.dtype if hasattr(llm, 'dtype') else ''}) "
-          f"| load {load_s:.1f}s | generate {out.total_s:.2f}s for {len(out.token_ids)} tokens")
-    print(f"user: {args.prompt}\nkeel: {out.text}")
+    # the question, plus a longer answer in the same batch so the token comparison has some length
+    prompts = [args.prompt, "Give me three tips for writing clean Python code."]
+    outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], SamplingParams(max_tokens=args.max_tokens))
+    n = sum(len(o.token_ids) for o in outs)
+    print(f"torch {torch.__version__} | model {args.model} | load {load_s:.1f}s | "
+          f"generate {max(o.total_s for o in outs):.2f}s for {n} tokens (batch of {len(outs)})")
+    for p, o in zip(prompts, outs, strict=True):
+        print(f"user: {p}\nkeel: {o.text}")
     with open(args.out, "w") as f:
-        json.dump({"torch": torch.__version__, "libraries": libs, "text": out.text, "token_ids": out.token_ids}, f)
+        json.dump({"torch": torch.__version__, "libraries": libs, "text": outs[0].text,
+                   "token_ids": [o.token_ids for o in outs]}, f)
 
 
 if __name__ == "__main__":
