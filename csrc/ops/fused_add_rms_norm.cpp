@@ -11,36 +11,20 @@ namespace keel {
 
 void fused_add_rms_norm(Tensor x, Tensor residual, const Tensor& weight, double eps) {
   constexpr const char* op = "keel::fused_add_rms_norm";
-  check_library_device(op, "x", x);
+  RmsNormParams p = rms_norm_params(op, x, weight, eps);
   check_same_device(op, "residual", residual, "x", x);
-  const DType dt = check_float_dtype(op, "x", x);
   check_same_dtype(op, "residual", residual, "x", x);
-  check_min_dim(op, "x", x, 1);
   check_same_shape(op, "residual", residual, "x", x);
-  const int64_t hidden = x.size(-1);
-  check_norm_weight(op, weight, x, hidden);
-  check_eps(op, eps);
   KEEL_CHECK(internal_overlap(x) != InternalOverlap::kYes, op,
              ": x is written in place but has overlapping elements (e.g. from expand); pass a clone");
   KEEL_CHECK(internal_overlap(residual) != InternalOverlap::kYes, op,
              ": residual is written in place but has overlapping elements (e.g. from expand); pass a clone");
-
-  RmsNormParams p{};
-  p.dtype = dt;
-  p.hidden = hidden;
-  p.rows = leading_numel(x, x.dim() - 1);
-  p.eps = static_cast<float>(eps);
-  p.x = x.data_ptr();
-  p.x_rows = row_layout(op, "x", x, x.dim() - 1);
-  p.x_col = x.stride(-1);
   p.out = x.data_ptr();
   p.out_rows = p.x_rows;
   p.out_col = p.x_col;
   p.residual = residual.data_ptr();
   p.res_rows = row_layout(op, "residual", residual, residual.dim() - 1);
   p.res_col = residual.stride(-1);
-  p.weight = weight.data_ptr();
-  p.w_col = weight.stride(0);
   launch_rms_norm(p, x);
 }
 

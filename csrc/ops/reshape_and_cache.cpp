@@ -86,9 +86,7 @@ void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor key_cache,
     KEEL_CHECK(slot >= -1 && slot < capacity, kOp, ": slot_mapping[", t, "]=", slot,
                " is outside the cache's ", capacity, " slots (-1 marks padding)");
   }
-  const int64_t per_token = 2 * p.kv_heads * p.head_size;
-  const int64_t grain = per_token >= 32768 ? 1 : 32768 / (per_token > 0 ? per_token : 1);
-  parallel_for(p.num_tokens, grain, [&](int64_t b, int64_t e) { cpu::reshape_and_cache_tokens(p, b, e); });
+  parallel_for(p.num_tokens, grain_for(2 * p.kv_heads * p.head_size, 32768), [&](int64_t b, int64_t e) { cpu::reshape_and_cache_tokens(p, b, e); });
 #endif
 }
 

@@ -99,8 +99,7 @@ void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_
                " is outside cos_sin_cache's ", max_pos, " rows");
   }
   const int64_t per_token = (p.q.num_heads + p.k.num_heads) * rot_dim;
-  const int64_t grain = per_token >= 16384 ? 1 : 16384 / (per_token > 0 ? per_token : 1);
-  parallel_for(p.num_tokens, grain, [&](int64_t b, int64_t e) { cpu::rotary_embedding_tokens(p, b, e); });
+  parallel_for(p.num_tokens, grain_for(per_token), [&](int64_t b, int64_t e) { cpu::rotary_embedding_tokens(p, b, e); });
 #endif
 }
 

@@ -47,11 +47,7 @@ void with_cache(const RotaryParams& p, int64_t begin, int64_t end) {
 }  // namespace
 
 void rotary_embedding_tokens(const RotaryParams& p, int64_t begin, int64_t end) {
-  switch (p.dtype) {
-    case DType::kFloat32: return with_cache<float>(p, begin, end);
-    case DType::kBFloat16: return with_cache<bf16_t>(p, begin, end);
-    case DType::kFloat16: return with_cache<f16_t>(p, begin, end);
-  }
+  dispatch_storage(p.dtype, [&](auto tag) { with_cache<decltype(tag)>(p, begin, end); });
 }
 
 }  // namespace keel::KEEL_CPU_NS

@@ -36,8 +36,7 @@ Tensor silu_and_mul(const Tensor& x) {
 #ifdef KEEL_CUDA_LIBRARY
   silu_and_mul_cuda(p, ctx.stream());
 #else
-  const int64_t grain = p.d >= 8192 ? 1 : 8192 / p.d;
-  parallel_for(p.rows, grain, [&](int64_t b, int64_t e) { cpu::silu_and_mul_rows(p, b, e); });
+  parallel_for(p.rows, grain_for(p.d, 8192), [&](int64_t b, int64_t e) { cpu::silu_and_mul_rows(p, b, e); });
 #endif
   return out;
 }

@@ -33,11 +33,7 @@ void rows_impl(const SiluAndMulParams& p, int64_t begin, int64_t end) {
 }  // namespace
 
 void silu_and_mul_rows(const SiluAndMulParams& p, int64_t begin, int64_t end) {
-  switch (p.dtype) {
-    case DType::kFloat32: return rows_impl<float>(p, begin, end);
-    case DType::kBFloat16: return rows_impl<bf16_t>(p, begin, end);
-    case DType::kFloat16: return rows_impl<f16_t>(p, begin, end);
-  }
+  dispatch_storage(p.dtype, [&](auto tag) { rows_impl<decltype(tag)>(p, begin, end); });
 }
 
 }  // namespace keel::KEEL_CPU_NS

@@ -143,6 +143,16 @@ KEEL_KINLINE float exp_f32(float x) {
   return y * bits_to_float(static_cast<uint32_t>(e) << 23);
 }
 
+// Calls f(T{}) with T the host storage type of `dt` (float, bf16_t or f16_t).
+template <typename F>
+KEEL_KINLINE void dispatch_storage(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kFloat32: f(float{}); break;
+    case DType::kBFloat16: f(bf16_t{}); break;
+    case DType::kFloat16: f(f16_t{}); break;
+  }
+}
+
 // Rounds a float through the storage type T (the value a store+load would give).
 template <typename T>
 KEEL_KINLINE float round_to(float f) {

@@ -21,4 +21,10 @@ inline void parallel_for(int64_t n, int64_t grain, const F& f) {
   torch::stable::parallel_for(0, n, grain, f);
 }
 
+// Items per parallel chunk so each chunk does at least `target` units of work, where one
+// item (row, token) costs `work_per_item` units: small rows are batched, large rows go alone.
+inline int64_t grain_for(int64_t work_per_item, int64_t target = 16384) {
+  return work_per_item >= target ? 1 : target / (work_per_item > 0 ? work_per_item : 1);
+}
+
 }  // namespace keel
