@@ -154,7 +154,10 @@ def test_unusable_dynamic_segment_returns_none(libs: dict[str, Path], patch: str
     else:
         phoff, phent, phnum = struct.unpack_from("<Q", out, 32)[0], *struct.unpack_from("<HH", out, 54)
         dyn = next(
-            (struct.unpack_from("<Q", out, phoff + i * phent + 8)[0], struct.unpack_from("<Q", out, phoff + i * phent + 32)[0])
+            (
+                struct.unpack_from("<Q", out, phoff + i * phent + 8)[0],
+                struct.unpack_from("<Q", out, phoff + i * phent + 32)[0],
+            )
             for i in range(phnum)
             if struct.unpack_from("<I", out, phoff + i * phent)[0] == 2
         )
