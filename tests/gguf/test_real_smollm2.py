@@ -59,3 +59,12 @@ def test_matches_transformers_gguf_loader(converted):
     assert diff < 1e-3, f"max abs logit difference {diff}"
     out = ours.generate(ids, max_new_tokens=12, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids.shape[1] :])
+
+
+def test_keel_engine_answers_paris(converted):
+    # the end-to-end check, on keel's own engine and ops (fp32 conversion, greedy)
+    from keel import LLM, SamplingParams
+
+    llm = LLM(str(converted), dtype="float32", device="cpu")
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=16))
+    assert "Paris" in out[0].text, out[0].text
