@@ -20,4 +20,6 @@ KEEL_LIBRARY(m) {
   m.def(
       "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
       "Tensor slot_mapping) -> ()");
+  // x @ weight.T + bias for x [..., K], weight [N, K] (unit K stride), bias [N]; new contiguous [..., N].
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
 }

@@ -1,0 +1,108 @@
+// keel/csrc/ops/linear.cpp
+// keel::linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor   (x: [..., K], weight: [N, K] -> [..., N])
+// CPU, at most kLinearMaxRows rows of x (decode): keel's GEMV kernel in linear_cpu.cpp.
+// More rows (prefill), and always in the CUDA library: aten::linear through the dispatcher
+// (oneDNN / cuBLAS), so there is no linear .cu file.
+#include "ops/linear.h"
+
+#include <optional>
+#include <vector>
+
+#include "stable/alloc.h"
+#include "stable/device.h"
+#include "stable/dispatcher.h"
+#include "stable/layout.h"
+#include "stable/library.h"
+#include "stable/parallel.h"
+
+namespace keel {
+namespace {
+
+// Checks every argument; returns the dtype shared by all of them.
+DType check_linear_args(const char* op, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias) {
+  check_library_device(op, "x", x);
+  const DType dt = check_float_dtype(op, "x", x);
+  check_min_dim(op, "x", x, 1);
+  check_same_device(op, "weight", weight, "x", x);
+  check_same_dtype(op, "weight", weight, "x", x);
+  const int64_t k = x.size(-1);
+  KEEL_CHECK(weight.dim() == 2 && weight.size(1) == k, op, ": weight must be [N, ", k,
+             "] to match x's last dim, got ", shape_str(weight));
+  KEEL_CHECK(weight.stride(1) == 1 || k <= 1, op,
+             ": weight must have unit stride along its last dim (K), got stride ", weight.stride(1));
+  if (bias.has_value()) {
+    check_same_device(op, "bias", *bias, "x", x);
+    check_same_dtype(op, "bias", *bias, "x", x);
+    KEEL_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must be [",
+               weight.size(0), "] to match weight's rows, got ", shape_str(*bias));
+  }
+  return dt;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, std::optional<Tensor> bias) {
+  constexpr const char* op = "keel::linear";
+  const DType dt = check_linear_args(op, x, weight, bias);
+#ifndef KEEL_CUDA_LIBRARY
+  const int64_t m = leading_numel(x, x.dim() - 1);
+  if (m <= kLinearMaxRows) {
+    const int64_t k = x.size(-1);
+    const int64_t n = weight.size(0);
+    std::vector<int64_t> out_sizes = sizes_of(x);
+    out_sizes.back() = n;
+    Tensor out = empty_contiguous(out_sizes, dtype_code(x), x);
+    if (m == 0 || n == 0) return out;
+
+    LinearParams p{};
+    p.dtype = dt;
+    // x rows in fp32, once: the kernel reads them for every weight row
+    std::vector<float> xbuf;
+    std::vector<bf16_t> xbuf16;
+    if (p.dtype == DType::kFloat32 && x.is_contiguous()) {
+      p.x = static_cast<const float*>(x.data_ptr());
+    } else {
+      xbuf.resize(static_cast<size_t>(m * k));
+      const RowLayout rows = row_layout(op, "x", x, x.dim() - 1);
+      const int64_t col = x.stride(-1);
+      dispatch_storage(p.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const T* xs = static_cast<const T*>(x.data_ptr());
+        for (int64_t r = 0; r < m; ++r) {
+          const T* xr = xs + row_offset(rows, r);
+          for (int64_t i = 0; i < k; ++i) xbuf[r * k + i] = load(xr + i * col);
+        }
+      });
+      p.x = xbuf.data();
+    }
+    if (p.dtype == DType::kBFloat16) {
+      if (x.is_contiguous()) {
+        p.x16 = x.data_ptr();
+      } else {
+        xbuf16.resize(static_cast<size_t>(m * k));
+        for (size_t i = 0; i < xbuf16.size(); ++i) store(&xbuf16[i], xbuf[i]);  // exact: xbuf came from bf16
+        p.x16 = xbuf16.data();
+      }
+    }
+    p.out = out.data_ptr();
+    p.w = weight.data_ptr();
+    p.w_row = weight.stride(0);
+    p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+    p.bias_stride = bias.has_value() ? bias->stride(0) : 0;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    // each chunk streams >= 64 KB of weight (small layers run inline, skipping the pool hand-off)
+    const int64_t row_bytes = k * (p.dtype == DType::kFloat32 ? 4 : 2);
+    parallel_for(n, grain_for(row_bytes, 65536), [&](int64_t b, int64_t e) { cpu::linear_cols(p, b, e); });
+    return out;
+  }
+#endif
+  (void)dt;
+  Tensor out = call_aten<Tensor>("aten::linear", "", x, weight, bias);
+  return out.is_contiguous() ? out : torch::stable::contiguous(out);
+}
+
+}  // namespace keel
+
+KEEL_LIBRARY_IMPL(m) { m.impl("linear", TORCH_BOX(&keel::linear)); }

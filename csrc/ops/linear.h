@@ -1,0 +1,32 @@
+// keel/csrc/ops/linear.h
+// y[m, n] = sum_k x[m, k] * w[n, k] + bias[n] for few rows m (decode GEMV), fp32 accumulation.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cpu_isa.h"
+#include "stable/kernel_types.h"
+
+namespace keel {
+
+// Rows of x at or below this count take keel's CPU kernel; more rows go to aten::linear.
+constexpr int64_t kLinearMaxRows = 16;
+
+struct LinearParams {
+  DType dtype;        // of w, bias and out
+  void* out;          // contiguous [m, n]
+  const float* x;     // contiguous fp32 [m, k] (converted once by the wrapper)
+  const void* x16;    // bf16 only: the same rows, contiguous bf16 [m, k] (for AVX512-BF16)
+  const void* w;      // [n, k]: row r at w + r * w_row, unit column stride
+  int64_t w_row;
+  const void* bias;   // [n] every bias_stride elements, or nullptr
+  int64_t bias_stride;
+  int64_t m;
+  int64_t n;
+  int64_t k;
+};
+
+// Output features [begin, end) for all m rows; each weight row is streamed from memory once.
+KEEL_DECLARE_CPU_KERNEL(linear_cols, LinearParams)
+
+}  // namespace keel

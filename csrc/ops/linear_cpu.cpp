@@ -1,0 +1,203 @@
+// keel/csrc/ops/linear_cpu.cpp
+// CPU kernel of keel::linear for few rows (compiled once per ISA, no torch header).
+// Each weight row is read front to back, once for all m rows: one sequential stream that the
+// hardware prefetcher follows, plus a software prefetch 8 KB ahead, which on a 2-core EPYC streams
+// ~1.3x faster than oneDNN's prepacked GEMV. Up to 4 x rows share each weight load (more rows loop
+// over groups of 4, re-reading the row from L1), with KU independent accumulators per row.
+//   AVX2 build: GCC vector extensions (ymm FMA; bf16 -> fp32 is a 16-bit shift); the baseline build
+//     gets the same code as SSE pairs.
+//   bf16 on a CPU with AVX512-BF16 (checked at run time): vdpbf16ps, 32 multiply-adds per instruction
+//     with no conversion (products exact, fp32 sums).
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/linear.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+// the vector helpers are always inlined, so the baseline build's vector-ABI note does not apply
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace keel::KEEL_CPU_NS {
+namespace {
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+constexpr int64_t kPrefetchBytes = 8192;  // how far ahead of the current weight column to prefetch
+
+KEEL_KINLINE f32x8 load8(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+KEEL_KINLINE f32x8 load8(const bf16_t* p) {
+  u16x8 h;
+  std::memcpy(&h, p, sizeof(h));
+  const u32x8 u = __builtin_convertvector(h, u32x8) << 16;
+  f32x8 v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+
+KEEL_KINLINE f32x8 load8(const f16_t* p) {
+#if defined(__F16C__)
+  typedef _Float16 f16x8 __attribute__((vector_size(16)));
+  f16x8 h;
+  std::memcpy(&h, p, sizeof(h));
+  return __builtin_convertvector(h, f32x8);
+#else
+  f32x8 v;
+  for (int i = 0; i < 8; ++i) v[i] = load(p + i);
+  return v;
+#endif
+}
+
+KEEL_KINLINE float hsum(const f32x8& v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// x rows [m0, m0 + MR) times weight row r: 8 columns a step, KU steps unrolled.
+template <int MR, int KU, typename T>
+KEEL_KINLINE void row_tile(const LinearParams& p, int64_t m0, int64_t r) {
+  const int64_t k = p.k;
+  const float* x = p.x + m0 * k;
+  const T* w = static_cast<const T*>(p.w) + r * p.w_row;
+  constexpr int64_t ahead = kPrefetchBytes / sizeof(T);
+  f32x8 acc[MR][KU];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
+    for (int u = 0; u < KU; ++u) acc[m][u] = f32x8{};
+  }
+  int64_t i = 0;
+  for (; i + 8 * KU <= k; i += 8 * KU) {
+#pragma GCC unroll 8
+    for (int u = 0; u < KU; ++u) {
+      if ((8 * u * sizeof(T)) % 64 == 0) __builtin_prefetch(w + i + ahead + 8 * u);  // once per cache line
+      const f32x8 wv = load8(w + i + 8 * u);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) acc[m][u] += load8(x + m * k + i + 8 * u) * wv;
+    }
+  }
+  T* out = static_cast<T*>(p.out);
+  const T* bias = static_cast<const T*>(p.bias);
+  for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
+    for (int u = 1; u < KU; ++u) acc[m][0] += acc[m][u];
+    float s = hsum(acc[m][0]);
+    for (int64_t t = i; t < k; ++t) s += x[m * k + t] * load(w + t);
+    if (bias) s += load(bias + r * p.bias_stride);
+    store(out + (m0 + m) * p.n + r, s);
+  }
+}
+
+template <typename T>
+void cols_impl(const LinearParams& p, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) {
+    int64_t m0 = 0;
+    for (; m0 + 4 <= p.m; m0 += 4) row_tile<4, 2, T>(p, m0, r);
+    switch (p.m - m0) {
+      case 3: row_tile<3, 2, T>(p, m0, r); break;
+      case 2: row_tile<2, 4, T>(p, m0, r); break;
+      case 1: row_tile<1, 4, T>(p, m0, r); break;
+      default: break;
+    }
+  }
+}
+
+#if defined(__AVX2__)
+#define KEEL_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+typedef float f32x16 __attribute__((vector_size(64)));
+
+// True when this CPU has AVX512-BF16 (KEEL_CPU_ISA=avx2 or =base turns the path off).
+bool has_avx512bf16() {
+  static const bool has = [] {
+    const char* forced = std::getenv("KEEL_CPU_ISA");
+    if (forced && (forced[0] == 'a' || forced[0] == 'b')) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
+}
+
+// Sum of 16 lanes (GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized).
+KEEL_AVX512BF16 KEEL_KINLINE float hsum16(__m512 v) {
+  const f32x16 u = (f32x16)v;
+  return hsum(__builtin_shufflevector(u, u, 0, 1, 2, 3, 4, 5, 6, 7) +
+              __builtin_shufflevector(u, u, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+// row_tile with vdpbf16ps: 32 columns a step (bf16 pairs), x rows from the bf16 copy p.x16.
+template <int MR, int KU>
+KEEL_AVX512BF16 inline void row_tile_bf16(const LinearParams& p, int64_t m0, int64_t r) {
+  const int64_t k = p.k;
+  const uint16_t* x = static_cast<const uint16_t*>(p.x16) + m0 * k;
+  const uint16_t* w = static_cast<const uint16_t*>(p.w) + r * p.w_row;
+  constexpr int64_t ahead = kPrefetchBytes / 2;
+  __m512 acc[MR][KU];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
+    for (int u = 0; u < KU; ++u) acc[m][u] = _mm512_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 32 * KU <= k; i += 32 * KU) {
+#pragma GCC unroll 8
+    for (int u = 0; u < KU; ++u) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + i + ahead + 32 * u), _MM_HINT_T0);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i + 32 * u);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], (__m512bh)_mm512_loadu_si512(x + m * k + i + 32 * u), wv);
+      }
+    }
+  }
+  for (; i < k; i += 32) {  // tail: masked loads read zeros past k
+    const __mmask32 mask = k - i >= 32 ? ~__mmask32{0} : (__mmask32{1} << (k - i)) - 1;
+    const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + i);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * k + i), wv);
+    }
+  }
+  bf16_t* out = static_cast<bf16_t*>(p.out);
+  const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
+  for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
+    for (int u = 1; u < KU; ++u) acc[m][0] = _mm512_add_ps(acc[m][0], acc[m][u]);
+    float s = hsum16(acc[m][0]);
+    if (bias) s += load(bias + r * p.bias_stride);
+    store(out + (m0 + m) * p.n + r, s);
+  }
+}
+
+KEEL_AVX512BF16 void cols_bf16(const LinearParams& p, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) {
+    int64_t m0 = 0;
+    for (; m0 + 4 <= p.m; m0 += 4) row_tile_bf16<4, 2>(p, m0, r);
+    switch (p.m - m0) {
+      case 3: row_tile_bf16<3, 2>(p, m0, r); break;
+      case 2: row_tile_bf16<2, 4>(p, m0, r); break;
+      case 1: row_tile_bf16<1, 4>(p, m0, r); break;
+      default: break;
+    }
+  }
+}
+#endif  // __AVX2__
+
+}  // namespace
+
+void linear_cols(const LinearParams& p, int64_t begin, int64_t end) {
+#if defined(__AVX2__)
+  if (p.dtype == DType::kBFloat16 && p.x16 != nullptr && has_avx512bf16()) return cols_bf16(p, begin, end);
+#endif
+  dispatch_storage(p.dtype, [&](auto tag) { cols_impl<decltype(tag)>(p, begin, end); });
+}
+
+}  // namespace keel::KEEL_CPU_NS
