@@ -3,14 +3,16 @@
 #include "ops/cpu_isa.h"
 
 #include <cstdlib>
+#include <cstring>
 
 namespace keel {
 
 bool cpu_has_avx2() {
-  // KEEL_CPU_ISA=base forces the baseline kernels (for tests and comparisons).
+  // KEEL_CPU_ISA=base forces the baseline kernels, =avx2 the AVX2 ones without AVX512 extras
+  // (for tests and comparisons); unset or anything else: the best this CPU runs.
   static const bool has = [] {
     const char* forced = std::getenv("KEEL_CPU_ISA");
-    if (forced && forced[0] == 'b') return false;
+    if (forced && std::strcmp(forced, "base") == 0) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");

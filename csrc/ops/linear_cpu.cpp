@@ -119,7 +119,7 @@ typedef float f32x16 __attribute__((vector_size(64)));
 bool has_avx512bf16() {
   static const bool has = [] {
     const char* forced = std::getenv("KEEL_CPU_ISA");
-    if (forced && (forced[0] == 'a' || forced[0] == 'b')) return false;
+    if (forced && (std::strcmp(forced, "avx2") == 0 || std::strcmp(forced, "base") == 0)) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") != 0;
   }();
