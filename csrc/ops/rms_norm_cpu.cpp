@@ -4,52 +4,60 @@
 // rounded to the storage dtype before the variance, the normalized value is rounded
 // before the weight multiply.
 #include <cmath>
-#include <cstdlib>
 
 #include "ops/rms_norm.h"
 
 namespace keel::KEEL_CPU_NS {
 namespace {
 
+// Sum of squares of n values read every `col` elements.
+template <typename T>
+float sum_squares(const T* v, int64_t n, int64_t col) {
+  float ss = 0.f;
+  if (col == 1) {
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; ++i) ss += load(v + i) * load(v + i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) ss += load(v + i * col) * load(v + i * col);
+  }
+  return ss;
+}
+
+// Two passes over each row and no scratch memory: the first sums squares (the fused op also
+// writes residual = x + residual there), the second writes the output from the values that
+// pass stored.
 template <typename T>
 void rows_impl(const RmsNormParams& p, int64_t begin, int64_t end) {
-  const T* x = static_cast<const T*>(p.x);
-  T* out = static_cast<T*>(p.out);
-  T* res = static_cast<T*>(p.residual);
-  const T* w = static_cast<const T*>(p.weight);
   const int64_t h = p.hidden;
-  // plain malloc: no std:: template code in a per-ISA translation unit (see kernel_types.h)
-  float* v = static_cast<float*>(std::malloc(sizeof(float) * static_cast<size_t>(h > 0 ? h : 1)));
-  if (!v) return;
+  const T* w = static_cast<const T*>(p.weight);
   for (int64_t r = begin; r < end; ++r) {
-    const T* xr = x + row_offset(p.x_rows, r);
-    if (p.x_col == 1) {
-#pragma omp simd
-      for (int64_t i = 0; i < h; ++i) v[i] = load(xr + i);
-    } else {
-      for (int64_t i = 0; i < h; ++i) v[i] = load(xr + i * p.x_col);
-    }
-    if (res) {
-      T* rr = res + row_offset(p.res_rows, r);
+    const T* src = static_cast<const T*>(p.x) + row_offset(p.x_rows, r);
+    int64_t src_col = p.x_col;
+    float ss = 0.f;
+    if (p.residual) {
+      T* rr = static_cast<T*>(p.residual) + row_offset(p.res_rows, r);
       for (int64_t i = 0; i < h; ++i) {
         T* ri = rr + i * p.res_col;
-        store(ri, v[i] + load(ri));
-        v[i] = load(ri);  // the stored (rounded) sum is what gets normalized
+        store(ri, load(src + i * src_col) + load(ri));
+        const float v = load(ri);  // the stored (rounded) sum is what gets normalized
+        ss += v * v;
+      }
+      src = rr;
+      src_col = p.res_col;
+    } else {
+      ss = sum_squares(src, h, src_col);
+    }
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + p.eps);
+    T* orow = static_cast<T*>(p.out) + row_offset(p.out_rows, r);
+    if (p.out_col == 1 && p.w_col == 1 && src_col == 1) {
+#pragma omp simd
+      for (int64_t i = 0; i < h; ++i) store(orow + i, round_to<T>(load(src + i) * inv) * load(w + i));
+    } else {
+      for (int64_t i = 0; i < h; ++i) {
+        store(orow + i * p.out_col, round_to<T>(load(src + i * src_col) * inv) * load(w + i * p.w_col));
       }
     }
-    float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < h; ++i) ss += v[i] * v[i];
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + p.eps);
-    T* orow = out + row_offset(p.out_rows, r);
-    if (p.out_col == 1 && p.w_col == 1) {
-#pragma omp simd
-      for (int64_t i = 0; i < h; ++i) store(orow + i, round_to<T>(v[i] * inv) * load(w + i));
-    } else {
-      for (int64_t i = 0; i < h; ++i) store(orow + i * p.out_col, round_to<T>(v[i] * inv) * load(w + i * p.w_col));
-    }
   }
-  std::free(v);
 }
 
 }  // namespace
