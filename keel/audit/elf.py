@@ -70,6 +70,33 @@ class ElfInfo:
         """Exported (default/protected visibility) dynamic symbols as Symbol tuples."""
         return self._symbols(self.defined_names, self.defined_extra)
 
+    @classmethod
+    def assemble(
+        cls,
+        machine: str,
+        tags: tuple[str | None, tuple[str, ...], tuple[str, ...], tuple[str, ...]],
+        symbols: tuple[tuple[str, ...], tuple[str, ...], SymbolExtra, SymbolExtra],
+        needs: list[tuple[str, str]],
+        version_names: dict[int, str],
+    ) -> ElfInfo:
+        """One ElfInfo from what every reader produces: (soname, needed, rpath, runpath) dynamic
+        tags, (undefined, defined, undefined extra, defined extra) symbols, version needs and names."""
+        soname, needed, rpath, runpath = tags
+        und, dfn, und_x, dfn_x = symbols
+        return cls(
+            machine=machine,
+            soname=soname,
+            needed=tuple(needed),
+            rpath=tuple(rpath),
+            runpath=tuple(runpath),
+            undefined_names=und,
+            defined_names=dfn,
+            version_needs=tuple(needs),
+            undefined_extra=und_x,
+            defined_extra=dfn_x,
+            version_names=tuple(sorted(version_names.items())),
+        )
+
     def _symbols(self, names: tuple[str, ...], extra: SymbolExtra) -> tuple[Symbol, ...]:
         vget = dict(self.version_names).get
         select, binds, vers = extra
@@ -191,23 +218,11 @@ def _fast(src: RandomAccess, head: bytes) -> ElfInfo:
 
     from .elfsyms import dynamic_tags, dynsym_names  # imports this module
 
-    soname, needed, rpath, runpath = dynamic_tags(_section(src, dyn), strings(dyn), e, is64)
+    tags = dynamic_tags(_section(src, dyn), strings(dyn), e, is64)
     vnames, needs = _versions(src, secs, strings, e)
     versym = _section(src, by_type[_SHT_VERSYM]) if _SHT_VERSYM in by_type else b""
-    und, dfn, und_x, dfn_x = dynsym_names(_section(src, dynsym), _section(src, secs[dynsym.link]), versym, e, is64)
-    return ElfInfo(
-        machine=_MACHINES.get(e_machine, e_machine),  # type: ignore[arg-type]
-        soname=soname,
-        needed=needed,
-        rpath=rpath,
-        runpath=runpath,
-        undefined_names=und,
-        defined_names=dfn,
-        version_needs=tuple(needs),
-        undefined_extra=und_x,
-        defined_extra=dfn_x,
-        version_names=tuple(sorted(vnames.items())),
-    )
+    syms = dynsym_names(_section(src, dynsym), _section(src, secs[dynsym.link]), versym, e, is64)
+    return ElfInfo.assemble(_MACHINES.get(e_machine, e_machine), tags, syms, needs, vnames)  # type: ignore[arg-type]
 
 
 def _table(src: RandomAccess, offset: int, count: int, entsize: int, fmt: str, what: str) -> list:

@@ -100,20 +100,9 @@ def _read(src: RandomAccess, head: bytes) -> ElfInfo:
             raise _Unusable
         walk_versions(_window(loads, at, addr), strtab, need, count, e, names, needs)
     versym = at(tags[DT_VERSYM], 2 * n_syms) if DT_VERSYM in tags else b""
-    und, dfn, und_x, dfn_x = dynsym_names(at(tags[DT_SYMTAB], n_syms * sym_ent), strtab, versym, e, is64)
-    return ElfInfo(
-        machine=_MACHINES.get(e_machine, e_machine),  # type: ignore[arg-type]
-        soname=soname,
-        needed=needed,
-        rpath=rpath,
-        runpath=runpath,
-        undefined_names=und,
-        defined_names=dfn,
-        version_needs=tuple(needs),
-        undefined_extra=und_x,
-        defined_extra=dfn_x,
-        version_names=tuple(sorted(names.items())),
-    )
+    syms = dynsym_names(at(tags[DT_SYMTAB], n_syms * sym_ent), strtab, versym, e, is64)
+    machine = _MACHINES.get(e_machine, e_machine)
+    return ElfInfo.assemble(machine, (soname, needed, rpath, runpath), syms, needs, names)  # type: ignore[arg-type]
 
 
 def _exact(src: RandomAccess, offset: int, n: int) -> bytes:

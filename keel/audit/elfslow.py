@@ -63,20 +63,8 @@ def _collect(elf: ELFFile, data: bytes) -> ElfInfo:
                 first = next(iter(auxes), None)
                 if first is not None and not verdef["vd_flags"] & 0x1:  # skip VER_FLG_BASE
                     names[verdef["vd_ndx"]] = first.name
-    und, dfn, und_x, dfn_x = _symbols(elf, data, dynamic)
-    return ElfInfo(
-        machine=elf["e_machine"],
-        soname=soname,
-        needed=tuple(needed),
-        rpath=tuple(rpath),
-        runpath=tuple(runpath),
-        undefined_names=und,
-        defined_names=dfn,
-        version_needs=tuple(needs),
-        undefined_extra=und_x,
-        defined_extra=dfn_x,
-        version_names=tuple(sorted(names.items())),
-    )
+    tags = (soname, tuple(needed), tuple(rpath), tuple(runpath))
+    return ElfInfo.assemble(elf["e_machine"], tags, _symbols(elf, data, dynamic), needs, names)
 
 
 def _symbols(
