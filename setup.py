@@ -13,7 +13,6 @@ audit's torch floor into the wheel's `torch>=` requirement.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -47,14 +46,10 @@ def tool(name: str) -> str:
 
 def load_audit():
     """keel.audit from the source tree, without importing keel (whose libraries are not built yet)."""
-    init = ROOT / "keel" / "audit" / "__init__.py"
-    spec = importlib.util.spec_from_file_location(
-        "_keel_audit", init, submodule_search_locations=[str(init.parent)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_keel_audit"] = module
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from audit_source import load
+
+    return load()
 
 
 class CMakeBuild(build_ext):

@@ -14,9 +14,10 @@ from pathlib import Path
 AUDIT = Path(__file__).resolve().parents[1] / "keel" / "audit"
 
 
-def load():
+def load(where: Path = AUDIT):
+    """keel/audit (or a copy of it at `where`) as the module `_keel_audit`, without importing keel."""
     spec = importlib.util.spec_from_file_location(
-        "_keel_audit", AUDIT / "__init__.py", submodule_search_locations=[str(AUDIT)]
+        "_keel_audit", where / "__init__.py", submodule_search_locations=[str(where)]
     )
     module = importlib.util.module_from_spec(spec)
     sys.modules["_keel_audit"] = module

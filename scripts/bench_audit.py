@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import importlib.util
 import io
 import os
 import subprocess
@@ -30,13 +29,10 @@ N_UNSTABLE, N_SHIM, N_EXPORTED = 1500, 300, 1000
 
 def _load_audit(where: Path = ROOT / "keel/audit"):
     """keel/audit by file path, as setup.py loads it."""
-    spec = importlib.util.spec_from_file_location(
-        "_keel_audit", where / "__init__.py", submodule_search_locations=[str(where)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_keel_audit"] = module
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from audit_source import load
+
+    return load(where)
 
 
 def base_library(work: Path, audit) -> Path:
