@@ -20,4 +20,14 @@ bool cpu_has_avx2() {
   return has;
 }
 
+bool cpu_has_avx512bf16() {
+  // only on top of the AVX2 build; KEEL_CPU_ISA=avx2 (or base) turns it off
+  static const bool has = [] {
+    const char* forced = std::getenv("KEEL_CPU_ISA");
+    if (!cpu_has_avx2() || (forced && std::strcmp(forced, "avx2") == 0)) return false;
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
+}
+
 }  // namespace keel

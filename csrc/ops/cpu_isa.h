@@ -13,6 +13,9 @@ namespace keel {
 // True when this CPU runs the AVX2 build of the kernels (AVX2, FMA and F16C present).
 bool cpu_has_avx2();
 
+// True when the AVX2 build may also use AVX512-BF16 instructions (keel::linear's bf16 GEMV).
+bool cpu_has_avx512bf16();
+
 // Declares `fn(params, begin, end)` in both ISA namespaces plus a dispatcher keel::cpu::fn.
 #define KEEL_DECLARE_CPU_KERNEL(fn, Params)                                  \
   namespace cpu_base {                                                       \

@@ -56,32 +56,37 @@ Tensor linear(const Tensor& x, const Tensor& weight, std::optional<Tensor> bias)
 
     LinearParams p{};
     p.dtype = dt;
-    // x rows in fp32, once: the kernel reads them for every weight row
+    // x rows are read for every weight row: make them contiguous once, in the form the kernel
+    // reads (bf16 as is for the AVX512-BF16 kernel, else fp32)
     std::vector<float> xbuf;
     std::vector<bf16_t> xbuf16;
-    if (p.dtype == DType::kFloat32 && x.is_contiguous()) {
+    const bool native_bf16 = dt == DType::kBFloat16 && cpu_has_avx512bf16();
+    if (native_bf16 && x.is_contiguous()) {
+      p.x16 = x.data_ptr();
+    } else if (dt == DType::kFloat32 && x.is_contiguous()) {
       p.x = static_cast<const float*>(x.data_ptr());
     } else {
-      xbuf.resize(static_cast<size_t>(m * k));
       const RowLayout rows = row_layout(op, "x", x, x.dim() - 1);
       const int64_t col = x.stride(-1);
-      dispatch_storage(p.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        const T* xs = static_cast<const T*>(x.data_ptr());
-        for (int64_t r = 0; r < m; ++r) {
-          const T* xr = xs + row_offset(rows, r);
-          for (int64_t i = 0; i < k; ++i) xbuf[r * k + i] = load(xr + i * col);
-        }
-      });
-      p.x = xbuf.data();
-    }
-    if (p.dtype == DType::kBFloat16) {
-      if (x.is_contiguous()) {
-        p.x16 = x.data_ptr();
-      } else {
+      if (native_bf16) {
         xbuf16.resize(static_cast<size_t>(m * k));
-        for (size_t i = 0; i < xbuf16.size(); ++i) store(&xbuf16[i], xbuf[i]);  // exact: xbuf came from bf16
+        const bf16_t* xs = static_cast<const bf16_t*>(x.data_ptr());
+        for (int64_t r = 0; r < m; ++r) {
+          const bf16_t* xr = xs + row_offset(rows, r);
+          for (int64_t i = 0; i < k; ++i) xbuf16[r * k + i] = xr[i * col];
+        }
         p.x16 = xbuf16.data();
+      } else {
+        xbuf.resize(static_cast<size_t>(m * k));
+        dispatch_storage(dt, [&](auto tag) {
+          using T = decltype(tag);
+          const T* xs = static_cast<const T*>(x.data_ptr());
+          for (int64_t r = 0; r < m; ++r) {
+            const T* xr = xs + row_offset(rows, r);
+            for (int64_t i = 0; i < k; ++i) xbuf[r * k + i] = load(xr + i * col);
+          }
+        });
+        p.x = xbuf.data();
       }
     }
     p.out = out.data_ptr();

@@ -15,8 +15,8 @@ constexpr int64_t kLinearMaxRows = 16;
 struct LinearParams {
   DType dtype;        // of w, bias and out
   void* out;          // contiguous [m, n]
-  const float* x;     // contiguous fp32 [m, k] (converted once by the wrapper)
-  const void* x16;    // bf16 only: the same rows, contiguous bf16 [m, k] (for AVX512-BF16)
+  const float* x;     // contiguous fp32 [m, k] (converted once by the wrapper), or nullptr when x16 is set
+  const void* x16;    // set only when cpu_has_avx512bf16(): contiguous bf16 [m, k], read with vdpbf16ps
   const void* w;      // [n, k]: row r at w + r * w_row, unit column stride
   int64_t w_row;
   const void* bias;   // [n] every bias_stride elements, or nullptr

@@ -8,7 +8,6 @@
 //     gets the same code as SSE pairs.
 //   bf16 on a CPU with AVX512-BF16 (checked at run time): vdpbf16ps, 32 multiply-adds per instruction
 //     with no conversion (products exact, fp32 sums).
-#include <cstdlib>
 #include <cstring>
 
 #include "ops/linear.h"
@@ -115,17 +114,6 @@ void cols_impl(const LinearParams& p, int64_t begin, int64_t end) {
 
 typedef float f32x16 __attribute__((vector_size(64)));
 
-// True when this CPU has AVX512-BF16 (KEEL_CPU_ISA=avx2 or =base turns the path off).
-bool has_avx512bf16() {
-  static const bool has = [] {
-    const char* forced = std::getenv("KEEL_CPU_ISA");
-    if (forced && (std::strcmp(forced, "avx2") == 0 || std::strcmp(forced, "base") == 0)) return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") != 0;
-  }();
-  return has;
-}
-
 // Sum of 16 lanes (GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized).
 KEEL_AVX512BF16 KEEL_KINLINE float hsum16(__m512 v) {
   const f32x16 u = (f32x16)v;
@@ -195,7 +183,7 @@ KEEL_AVX512BF16 void cols_bf16(const LinearParams& p, int64_t begin, int64_t end
 
 void linear_cols(const LinearParams& p, int64_t begin, int64_t end) {
 #if defined(__AVX2__)
-  if (p.dtype == DType::kBFloat16 && p.x16 != nullptr && has_avx512bf16()) return cols_bf16(p, begin, end);
+  if (p.x16 != nullptr) return cols_bf16(p, begin, end);  // the wrapper chose AVX512-BF16
 #endif
   dispatch_storage(p.dtype, [&](auto tag) { cols_impl<decltype(tag)>(p, begin, end); });
 }

@@ -21,14 +21,20 @@ def _copy(hf_cache: Path, arch: str, dest: Path) -> Path:
     return dest
 
 
+# the smallest valid config.json; each test adds or changes what it is about
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 10,
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+}
+
+
 def test_config_new_and_old_keys_agree():
     new = {
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": 10,
-        "hidden_size": 8,
-        "intermediate_size": 16,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
+        **TINY_CONFIG,
         "dtype": "bfloat16",
         "rope_parameters": {
             "rope_type": "llama3",
@@ -62,14 +68,7 @@ def test_config_new_and_old_keys_agree():
     ],
 )
 def test_config_validation_errors(change, message):
-    raw = {
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": 10,
-        "hidden_size": 8,
-        "intermediate_size": 16,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-    } | change
+    raw = TINY_CONFIG | change
     with pytest.raises(ConfigError, match=message):
         ModelConfig.from_dict(raw)
 
