@@ -1,0 +1,440 @@
+// vendored_deps/flash_attn/src/cpu/flash_fwd_cpu.cpp
+// CPU forward attention: tiled online softmax (the FlashAttention recurrence) over key tiles of
+// 16, fp32 accumulation, for fp32 / bf16 / fp16 inputs. Compiled once per ISA into
+// flash::cpu_<isa> (-DVENDORED_CPU_ISA_NS); flash_api.cpp picks one at run time.
+//
+// Work item: (sequence, block of query rows, kv head, split). The G = h / h_k query heads that share
+// a kv head are processed together, so each key / value row is read and converted once for G rows
+// (GQA without expanding K/V). With num_splits > 1 each item covers 1/num_splits of the sequence's
+// keys and writes an fp32 partial (normalized output + log-sum-exp); combine() merges them.
+#include "flash_fwd_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#if defined(VENDORED_CPU_ISA_AVX2) || defined(VENDORED_CPU_ISA_AVX512)
+#include <immintrin.h>
+#endif
+
+namespace flash {
+namespace VENDORED_CPU_ISA_NS {
+namespace {
+
+constexpr int kTileN = 16;  // keys per tile; page block sizes are multiples of it
+constexpr int kPad = 16;    // head dim padded to a multiple of this in the fp32 scratch rows
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct bf16_t { uint16_t x; };
+struct fp16_t { uint16_t x; };
+
+// ---- scalar conversions --------------------------------------------------------------------
+
+inline float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(bf16_t v) { return bits_to_f32(uint32_t(v.x) << 16); }
+inline float to_f32(fp16_t v) {
+#if defined(VENDORED_CPU_ISA_AVX2) || defined(VENDORED_CPU_ISA_AVX512)
+  return _cvtsh_ss(v.x);
+#else
+  const uint32_t sign = uint32_t(v.x & 0x8000u) << 16;
+  const uint32_t exp = (v.x >> 10) & 0x1fu, man = v.x & 0x3ffu;
+  if (exp == 0) {
+    const float mag = float(man) * 5.9604644775390625e-8f;  // subnormal: man * 2^-24
+    return bits_to_f32(f32_to_bits(mag) | sign);
+  }
+  if (exp == 31) return bits_to_f32(sign | 0x7f800000u | (man << 13));
+  return bits_to_f32(sign | ((exp + 112) << 23) | (man << 13));
+#endif
+}
+
+template <typename T> T from_f32(float f);
+template <> inline float from_f32<float>(float f) { return f; }
+template <> inline bf16_t from_f32<bf16_t>(float f) {
+  uint32_t u = f32_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x40u)};  // nan stays nan
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return bf16_t{uint16_t(u >> 16)};
+}
+template <> inline fp16_t from_f32<fp16_t>(float f) {
+#if defined(VENDORED_CPU_ISA_AVX2) || defined(VENDORED_CPU_ISA_AVX512)
+  return fp16_t{uint16_t(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT))};
+#else
+  uint32_t x = f32_to_bits(f);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) return fp16_t{uint16_t(sign | 0x7e00u)};
+  if (x >= 0x477ff000u) return fp16_t{uint16_t(sign | 0x7c00u)};  // rounds to inf
+  if (x < 0x38800000u) {                                          // fp16 subnormal or zero
+    return fp16_t{uint16_t(sign | uint16_t(std::nearbyint(bits_to_f32(x) * 16777216.0f)))};
+  }
+  uint32_t h = (((x >> 23) - 112u) << 10) | ((x >> 13) & 0x3ffu);
+  const uint32_t rest = x & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return fp16_t{uint16_t(sign | h)};
+#endif
+}
+
+// ---- row primitives (dst/src rows padded to a multiple of kPad with zeros) --------------------
+
+template <typename T>
+inline void load_row(const T* __restrict__ src, float* __restrict__ dst, int d, int dp) {
+  int i = 0;
+#if defined(VENDORED_CPU_ISA_AVX512)
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    for (; i + 16 <= d; i += 16) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)));
+    }
+  } else if constexpr (std::is_same_v<T, fp16_t>) {
+    for (; i + 16 <= d; i += 16)
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+#elif defined(VENDORED_CPU_ISA_AVX2)
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    for (; i + 8 <= d; i += 8) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)));
+    }
+  } else if constexpr (std::is_same_v<T, fp16_t>) {
+    for (; i + 8 <= d; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < d; ++i) dst[i] = to_f32(src[i]);
+  for (; i < dp; ++i) dst[i] = 0.f;
+}
+
+inline float dot(const float* __restrict__ a, const float* __restrict__ b, int dp) {
+#if defined(VENDORED_CPU_ISA_AVX512)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= dp; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  if (i < dp) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+  float acc[kPad] = {};
+  for (int i = 0; i < dp; i += kPad)
+    for (int u = 0; u < kPad; ++u) acc[u] += a[i + u] * b[i + u];
+  float s = 0.f;
+  for (int u = 0; u < kPad; ++u) s += acc[u];
+  return s;
+#endif
+}
+
+#if defined(VENDORED_CPU_ISA_AVX512)
+// bf16 x bf16 dot with fp32 accumulation (vdpbf16ps: the products are exact in fp32).
+inline float dot_bf16(const bf16_t* a, const bf16_t* b, int d) {
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= d; i += 32) {
+    const __m512i va = _mm512_loadu_si512(a + i), vb = _mm512_loadu_si512(b + i);
+    acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(va), reinterpret_cast<__m512bh>(vb));
+  }
+  if (i < d) {
+    const __mmask32 m = static_cast<__mmask32>((1ull << (d - i)) - 1);
+    const __m512i va = _mm512_maskz_loadu_epi16(m, a + i), vb = _mm512_maskz_loadu_epi16(m, b + i);
+    acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(va), reinterpret_cast<__m512bh>(vb));
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+#endif
+
+inline void axpy(float a, const float* __restrict__ x, float* __restrict__ y, int dp) {
+  for (int i = 0; i < dp; ++i) y[i] += a * x[i];
+}
+
+inline void scale_row(float a, float* __restrict__ y, int dp) {
+  for (int i = 0; i < dp; ++i) y[i] *= a;
+}
+
+// exp over one tile of scores, polynomial (Cephes expf coefficients), written so the compiler
+// vectorizes it for every ISA; exp(-inf) is exactly 0 (masked keys).
+inline void exp_tile(const float* x, float m, float* y) {
+  for (int u = 0; u < kTileN; ++u) {
+    const float v = std::min(std::max(x[u] - m, -87.33654f), 88.72283f);
+    const float t = v * 1.44269504088896341f + 12582912.0f;  // round to nearest via 1.5 * 2^23
+    const float n = t - 12582912.0f;
+    const float r = (v - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t e = static_cast<int32_t>(n) + 127;
+    const float scale = bits_to_f32(static_cast<uint32_t>(e > 0 ? e : 0) << 23);
+    y[u] = x[u] == kNegInf ? 0.f : p * scale;
+  }
+}
+
+// ---- per-sequence geometry -----------------------------------------------------------------
+
+struct Seq {
+  int sq = 0, sk = 0;
+  int64_t q_row0 = 0;  // first row of this sequence in [total_q] (varlen) or b * seqlen_q
+  int64_t q_off = 0, o_off = 0;  // element offsets of row 0, head 0
+};
+
+inline Seq sequence(const Flash_fwd_params& p, int b) {
+  Seq s;
+  if (p.cu_seqlens_q) {
+    s.sq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    s.q_row0 = p.cu_seqlens_q[b];
+    s.q_off = s.q_row0 * p.q_row_stride;
+    s.o_off = s.q_row0 * p.o_row_stride;
+  } else {
+    s.sq = p.seqlen_q;
+    s.q_row0 = int64_t(b) * p.seqlen_q;
+    s.q_off = b * p.q_batch_stride;
+    s.o_off = b * p.o_batch_stride;
+  }
+  if (p.seqused_k) s.sk = p.seqused_k[b];
+  else if (p.cu_seqlens_k) s.sk = p.is_seqlens_k_cumulative ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.cu_seqlens_k[b];
+  else s.sk = p.seqlen_k;
+  return s;
+}
+
+// Element offset of key row j of sequence b (head 0), for K (is_v false) or V.
+inline int64_t kv_row(const Flash_fwd_params& p, int b, int j, bool is_v) {
+  const int64_t row_stride = is_v ? p.v_row_stride : p.k_row_stride;
+  const int64_t batch_stride = is_v ? p.v_batch_stride : p.k_batch_stride;
+  if (p.block_table) {
+    const int block = p.block_table[b * p.block_table_batch_stride + j / p.page_block_size];
+    return block * batch_stride + (j % p.page_block_size) * row_stride;
+  }
+  if (p.cu_seqlens_k && p.is_seqlens_k_cumulative) return (int64_t(p.cu_seqlens_k[b]) + j) * row_stride;
+  return b * batch_stride + int64_t(j) * row_stride;
+}
+
+struct Job {
+  const Flash_fwd_params* p;
+  int block_m;     // query positions per item
+  int n_mblocks;   // item blocks along the queries
+  int dp;          // padded head dim
+};
+
+struct Scratch {
+  std::vector<float> q, o, m, l, s, kf, vf;
+  explicit Scratch(const Job& job) {
+    const int rows = job.block_m * job.p->h_h_k_ratio;
+    q.resize(size_t(rows) * job.dp);
+    o.resize(size_t(rows) * job.dp);
+    m.resize(rows);
+    l.resize(rows);
+    s.resize(size_t(rows) * kTileN);
+    kf.resize(size_t(kTileN) * job.dp);
+    vf.resize(size_t(kTileN) * job.dp);
+  }
+};
+
+template <typename T>
+void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
+  const Flash_fwd_params& p = *job.p;
+  const Seq seq = sequence(p, b);
+  const int m0 = mb * job.block_m;
+  if (m0 >= seq.sq) return;
+  const int mq = std::min(job.block_m, seq.sq - m0);
+  const int G = p.h_h_k_ratio, R = mq * G, d = p.d, dp = job.dp;
+  const int shift = seq.sk - seq.sq;  // bottom-right alignment of the causal / window mask
+  const int left = p.window_size_left, right = p.is_causal ? 0 : p.window_size_right;
+  auto lo_of = [&](int i) { return left >= 0 ? std::max(0, i + shift - left) : 0; };
+  auto hi_of = [&](int i) { return right >= 0 ? std::min(seq.sk, i + shift + right + 1) : seq.sk; };
+  int lo = lo_of(m0), hi = hi_of(m0 + mq - 1);
+  if (p.num_splits > 1) {
+    const int per = ((seq.sk + p.num_splits - 1) / p.num_splits + kTileN - 1) / kTileN * kTileN;
+    lo = std::max(lo, split * per);
+    hi = std::min(hi, (split + 1) * per);
+  }
+
+  const T* q = static_cast<const T*>(p.q_ptr);
+  const T* k = static_cast<const T*>(p.k_ptr);
+  const T* v = static_cast<const T*>(p.v_ptr);
+  float* O = sc.o.data();
+  float* Q = sc.q.data();
+  float* S = sc.s.data();
+  const T* qrow[256];  // raw q rows (the bf16 dot reads them directly); R <= 256 by construction
+  for (int r = 0; r < R; ++r) {
+    const int i = m0 + r / G, h = hk * G + r % G;
+    qrow[r] = q + seq.q_off + int64_t(i) * p.q_row_stride + int64_t(h) * p.q_head_stride;
+    load_row(qrow[r], Q + size_t(r) * dp, d, dp);
+    std::fill(O + size_t(r) * dp, O + size_t(r + 1) * dp, 0.f);
+    sc.m[r] = kNegInf;
+    sc.l[r] = 0.f;
+  }
+
+  for (int t0 = lo; t0 < hi;) {
+    const int t1 = std::min(hi, (t0 / kTileN + 1) * kTileN);  // never crosses a page block
+    const int nk = t1 - t0;
+    const int64_t krow = kv_row(p, b, t0, false) + int64_t(hk) * p.k_head_stride;
+    const int64_t vrow = kv_row(p, b, t0, true) + int64_t(hk) * p.v_head_stride;
+    // scores S[r][jj] = q_r . k_j
+#if defined(VENDORED_CPU_ISA_AVX512)
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      for (int jj = 0; jj < nk; ++jj) {
+        const T* kr = k + krow + int64_t(jj) * p.k_row_stride;
+        for (int r = 0; r < R; ++r) S[r * kTileN + jj] = dot_bf16(qrow[r], kr, d);
+      }
+    } else
+#endif
+    {
+      for (int jj = 0; jj < nk; ++jj) load_row(k + krow + int64_t(jj) * p.k_row_stride, sc.kf.data() + size_t(jj) * dp, d, dp);
+      for (int r = 0; r < R; ++r)
+        for (int jj = 0; jj < nk; ++jj) S[r * kTileN + jj] = dot(Q + size_t(r) * dp, sc.kf.data() + size_t(jj) * dp, dp);
+    }
+    // online softmax update per row
+    for (int r = 0; r < R; ++r) {
+      float* s = S + r * kTileN;
+      const int i = m0 + r / G;
+      const int rlo = lo_of(i), rhi = hi_of(i);
+      float mt = kNegInf;
+      for (int jj = 0; jj < kTileN; ++jj) {
+        const int j = t0 + jj;
+        float x = kNegInf;
+        if (jj < nk && j >= rlo && j < rhi) {
+          x = p.softcap > 0.f ? p.scale_softmax * std::tanh(s[jj] * p.softcap) : s[jj] * p.scale_softmax;
+        }
+        s[jj] = x;
+        mt = std::max(mt, x);
+      }
+      const float m_new = std::max(sc.m[r], mt);
+      if (m_new == kNegInf) {  // nothing visible yet: P row is 0
+        std::fill(s, s + kTileN, 0.f);
+        continue;
+      }
+      exp_tile(s, m_new, s);
+      float sum = 0.f;
+      for (int jj = 0; jj < kTileN; ++jj) sum += s[jj];
+      if (sc.m[r] != m_new) {
+        const float alpha = sc.m[r] == kNegInf ? 0.f : std::exp(sc.m[r] - m_new);
+        sc.l[r] *= alpha;
+        scale_row(alpha, O + size_t(r) * dp, dp);
+      }
+      sc.l[r] += sum;
+      sc.m[r] = m_new;
+    }
+    // O += P V
+    for (int jj = 0; jj < nk; ++jj) {
+      float* vf = sc.vf.data();
+      load_row(v + vrow + int64_t(jj) * p.v_row_stride, vf, d, dp);
+      for (int r = 0; r < R; ++r) {
+        const float pr = S[r * kTileN + jj];
+        if (pr != 0.f) axpy(pr, vf, O + size_t(r) * dp, dp);
+      }
+    }
+    t0 = t1;
+  }
+
+  // finalize: rows with no visible key give 0 (as upstream)
+  for (int r = 0; r < R; ++r) {
+    const int i = m0 + r / G, h = hk * G + r % G;
+    const float l = sc.l[r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float* orow = O + size_t(r) * dp;
+    if (p.num_splits > 1) {
+      const int64_t row = (int64_t(split) * p.total_q + seq.q_row0 + i) * p.h + h;
+      float* acc = static_cast<float*>(p.oaccum_ptr) + row * d;
+      for (int c = 0; c < d; ++c) acc[c] = orow[c] * inv;
+      static_cast<float*>(p.softmax_lseaccum_ptr)[row] = l > 0.f ? sc.m[r] + std::log(l) : kNegInf;
+    } else {
+      T* out = static_cast<T*>(p.o_ptr) + seq.o_off + int64_t(i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
+      for (int c = 0; c < d; ++c) out[c] = from_f32<T>(orow[c] * inv);
+    }
+  }
+}
+
+template <typename T>
+void attend_items(void* ctx, int64_t begin, int64_t end) {
+  const Job& job = *static_cast<const Job*>(ctx);
+  const Flash_fwd_params& p = *job.p;
+  Scratch sc(job);
+  for (int64_t it = begin; it < end; ++it) {
+    int64_t rest = it;
+    const int split = int(rest % p.num_splits);
+    rest /= p.num_splits;
+    const int hk = int(rest % p.h_k);
+    rest /= p.h_k;
+    const int mb = int(rest % job.n_mblocks);
+    const int b = int(rest / job.n_mblocks);
+    attend<T>(job, sc, b, mb, hk, split);
+  }
+}
+
+// Merges the num_splits partials of each (row, head) by their log-sum-exp.
+template <typename T>
+void combine(void* ctx, int64_t begin, int64_t end) {
+  const Job& job = *static_cast<const Job*>(ctx);
+  const Flash_fwd_params& p = *job.p;
+  const float* lse = static_cast<const float*>(p.softmax_lseaccum_ptr);
+  const float* acc = static_cast<const float*>(p.oaccum_ptr);
+  const int64_t plane = int64_t(p.total_q) * p.h;
+  std::vector<float> o(p.d);
+  for (int64_t idx = begin; idx < end; ++idx) {
+    const int64_t row = idx / p.h;
+    const int h = int(idx % p.h);
+    float mx = kNegInf;
+    for (int s = 0; s < p.num_splits; ++s) mx = std::max(mx, lse[s * plane + idx]);
+    std::fill(o.begin(), o.end(), 0.f);
+    if (mx != kNegInf) {
+      float wsum = 0.f;
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float w = lse[s * plane + idx] == kNegInf ? 0.f : std::exp(lse[s * plane + idx] - mx);
+        wsum += w;
+        if (w != 0.f) axpy(w, acc + (s * plane + idx) * p.d, o.data(), p.d);
+      }
+      scale_row(1.f / wsum, o.data(), p.d);
+    }
+    // row -> (sequence, position): batch mode rows are b * seqlen_q + i; varlen rows are global
+    int64_t off;
+    if (p.cu_seqlens_q) {
+      off = row * p.o_row_stride;
+    } else {
+      off = (row / p.seqlen_q) * p.o_batch_stride + (row % p.seqlen_q) * p.o_row_stride;
+    }
+    T* out = static_cast<T*>(p.o_ptr) + off + int64_t(h) * p.o_head_stride;
+    for (int c = 0; c < p.d; ++c) out[c] = from_f32<T>(o[c]);
+  }
+}
+
+template <typename T>
+void run_typed(const Flash_fwd_params& p, const CpuRun& run) {
+  Job job{&p, 1, 1, (p.d + kPad - 1) / kPad * kPad};
+  // about 64 rows (query positions x heads of a group) per item: K/V rows are reused that often
+  job.block_m = std::max(1, std::min(p.seqlen_q, 64 / std::max(1, p.h_h_k_ratio)));
+  job.block_m = std::min(job.block_m, std::max(1, 256 / p.h_h_k_ratio));
+  job.n_mblocks = (p.seqlen_q + job.block_m - 1) / job.block_m;
+  const int64_t items = int64_t(p.b) * job.n_mblocks * p.h_k * p.num_splits;
+  if (run.parallel_for) run.parallel_for(items, 1, &job, &attend_items<T>);
+  else attend_items<T>(&job, 0, items);
+  if (p.num_splits > 1) {
+    const int64_t rows = int64_t(p.total_q) * p.h;
+    const int64_t grain = std::max<int64_t>(1, 4096 / std::max(1, p.d * p.num_splits));
+    if (run.parallel_for) run.parallel_for(rows, grain, &job, &combine<T>);
+    else combine<T>(&job, 0, rows);
+  }
+}
+
+}  // namespace
+
+void run_mha_fwd(const Flash_fwd_params& params, const CpuRun& run) {
+  switch (params.dtype) {
+    case DType::kFloat32: run_typed<float>(params, run); break;
+    case DType::kBFloat16: run_typed<bf16_t>(params, run); break;
+    case DType::kFloat16: run_typed<fp16_t>(params, run); break;
+    default: throw std::invalid_argument("flash_attn: unsupported dtype");
+  }
+}
+
+}  // namespace VENDORED_CPU_ISA_NS
+}  // namespace flash
