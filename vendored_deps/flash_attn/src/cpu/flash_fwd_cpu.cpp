@@ -112,41 +112,96 @@ inline void load_row(const T* __restrict__ src, float* __restrict__ dst, int d, 
   for (; i < dp; ++i) dst[i] = 0.f;
 }
 
+#if !defined(VENDORED_CPU_ISA_AVX512)
 inline float dot(const float* __restrict__ a, const float* __restrict__ b, int dp) {
-#if defined(VENDORED_CPU_ISA_AVX512)
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 32 <= dp; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
-  }
-  if (i < dp) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#else
   float acc[kPad] = {};
   for (int i = 0; i < dp; i += kPad)
     for (int u = 0; u < kPad; ++u) acc[u] += a[i + u] * b[i + u];
   float s = 0.f;
   for (int u = 0; u < kPad; ++u) s += acc[u];
   return s;
-#endif
 }
+#endif
+
 
 #if defined(VENDORED_CPU_ISA_AVX512)
-// bf16 x bf16 dot with fp32 accumulation (vdpbf16ps: the products are exact in fp32).
-inline float dot_bf16(const bf16_t* a, const bf16_t* b, int d) {
-  __m512 acc = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 32 <= d; i += 32) {
-    const __m512i va = _mm512_loadu_si512(a + i), vb = _mm512_loadu_si512(b + i);
-    acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(va), reinterpret_cast<__m512bh>(vb));
+// out lane j = sum of the 16 lanes of v[j]: a transposing reduction tree (15 adds for 16 rows
+// instead of 16 separate horizontal sums).
+inline __m512 hsum16(__m512 v[16]) {
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
   }
-  if (i < d) {
-    const __mmask32 m = static_cast<__mmask32>((1ull << (d - i)) - 1);
-    const __m512i va = _mm512_maskz_loadu_epi16(m, a + i), vb = _mm512_maskz_loadu_epi16(m, b + i);
-    acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(va), reinterpret_cast<__m512bh>(vb));
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
+}
+
+// s[jj] = q . k[jj] for the 16 rows of a key tile, bf16 inputs, vdpbf16ps (rows past the tile point
+// at zeros). d is a multiple of 8.
+inline void scores16_bf16(const bf16_t* q, const bf16_t* const* k, int d, float* s) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int c = 0; c < d; c += 32) {
+    const __mmask32 m = d - c >= 32 ? ~__mmask32(0) : static_cast<__mmask32>((1ull << (d - c)) - 1);
+    const __m512bh qc = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, q + c));
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j)
+      acc[j] = _mm512_dpbf16_ps(acc[j], qc, reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, k[j] + c)));
   }
-  return _mm512_reduce_add_ps(acc);
+  _mm512_storeu_ps(s, hsum16(acc));
+}
+
+// The same over fp32 rows padded to dp (a multiple of 16).
+inline void scores16_f32(const float* q, const float* k, int dp, float* s) {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (int c = 0; c < dp; c += 16) {
+    const __m512 qc = _mm512_loadu_ps(q + c);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(k + size_t(j) * dp + c), acc[j]);
+  }
+  _mm512_storeu_ps(s, hsum16(acc));
+}
+
+// o += sum_j p[j] * v[j] over nk fp32 rows padded to dp, o kept in registers 64 floats at a time.
+inline void pv_tile(const float* p, const float* v, int nk, int dp, float* o) {
+  for (int c = 0; c < dp; c += 64) {
+    const int n = std::min(4, (dp - c) / 16);
+    __m512 a0 = _mm512_loadu_ps(o + c);
+    __m512 a1 = n > 1 ? _mm512_loadu_ps(o + c + 16) : _mm512_setzero_ps();
+    __m512 a2 = n > 2 ? _mm512_loadu_ps(o + c + 32) : _mm512_setzero_ps();
+    __m512 a3 = n > 3 ? _mm512_loadu_ps(o + c + 48) : _mm512_setzero_ps();
+    for (int j = 0; j < nk; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      const float* vj = v + size_t(j) * dp + c;
+      a0 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj), a0);
+      if (n > 1) a1 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16), a1);
+      if (n > 2) a2 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 32), a2);
+      if (n > 3) a3 = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 48), a3);
+    }
+    _mm512_storeu_ps(o + c, a0);
+    if (n > 1) _mm512_storeu_ps(o + c + 16, a1);
+    if (n > 2) _mm512_storeu_ps(o + c + 32, a2);
+    if (n > 3) _mm512_storeu_ps(o + c + 48, a3);
+  }
+}
+#else
+// o += sum_j p[j] * v[j] over nk fp32 rows padded to dp, 16 floats of o at a time.
+inline void pv_tile(const float* p, const float* v, int nk, int dp, float* o) {
+  for (int c = 0; c < dp; c += kPad) {
+    float acc[kPad];
+    for (int u = 0; u < kPad; ++u) acc[u] = o[c + u];
+    for (int j = 0; j < nk; ++j) {
+      const float pj = p[j];
+      const float* vj = v + size_t(j) * dp + c;
+      for (int u = 0; u < kPad; ++u) acc[u] += pj * vj[u];
+    }
+    for (int u = 0; u < kPad; ++u) o[c + u] = acc[u];
+  }
 }
 #endif
 
@@ -227,6 +282,8 @@ struct Job {
 
 struct Scratch {
   std::vector<float> q, o, m, l, s, kf, vf;
+  std::vector<bf16_t> zeros;  // a zero key row for the tail of a partial tile
+  const bf16_t* zero_row = nullptr;
   explicit Scratch(const Job& job) {
     const int rows = job.block_m * job.p->h_h_k_ratio;
     q.resize(size_t(rows) * job.dp);
@@ -236,6 +293,8 @@ struct Scratch {
     s.resize(size_t(rows) * kTileN);
     kf.resize(size_t(kTileN) * job.dp);
     vf.resize(size_t(kTileN) * job.dp);
+    zeros.assign(size_t(job.dp), bf16_t{0});
+    zero_row = zeros.data();
   }
 };
 
@@ -282,17 +341,22 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
     // scores S[r][jj] = q_r . k_j
 #if defined(VENDORED_CPU_ISA_AVX512)
     if constexpr (std::is_same_v<T, bf16_t>) {
-      for (int jj = 0; jj < nk; ++jj) {
-        const T* kr = k + krow + int64_t(jj) * p.k_row_stride;
-        for (int r = 0; r < R; ++r) S[r * kTileN + jj] = dot_bf16(qrow[r], kr, d);
+      const T* krows[kTileN];
+      for (int jj = 0; jj < kTileN; ++jj) krows[jj] = jj < nk ? k + krow + int64_t(jj) * p.k_row_stride : sc.zero_row;
+      for (int r = 0; r < R; ++r) scores16_bf16(qrow[r], krows, d, S + r * kTileN);
+    } else {
+      for (int jj = 0; jj < kTileN; ++jj) {
+        float* dst = sc.kf.data() + size_t(jj) * dp;
+        if (jj < nk) load_row(k + krow + int64_t(jj) * p.k_row_stride, dst, d, dp);
+        else std::fill(dst, dst + dp, 0.f);
       }
-    } else
-#endif
-    {
-      for (int jj = 0; jj < nk; ++jj) load_row(k + krow + int64_t(jj) * p.k_row_stride, sc.kf.data() + size_t(jj) * dp, d, dp);
-      for (int r = 0; r < R; ++r)
-        for (int jj = 0; jj < nk; ++jj) S[r * kTileN + jj] = dot(Q + size_t(r) * dp, sc.kf.data() + size_t(jj) * dp, dp);
+      for (int r = 0; r < R; ++r) scores16_f32(Q + size_t(r) * dp, sc.kf.data(), dp, S + r * kTileN);
     }
+#else
+    for (int jj = 0; jj < nk; ++jj) load_row(k + krow + int64_t(jj) * p.k_row_stride, sc.kf.data() + size_t(jj) * dp, d, dp);
+    for (int r = 0; r < R; ++r)
+      for (int jj = 0; jj < nk; ++jj) S[r * kTileN + jj] = dot(Q + size_t(r) * dp, sc.kf.data() + size_t(jj) * dp, dp);
+#endif
     // online softmax update per row
     for (int r = 0; r < R; ++r) {
       float* s = S + r * kTileN;
@@ -324,14 +388,10 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
       sc.l[r] += sum;
       sc.m[r] = m_new;
     }
-    // O += P V
-    for (int jj = 0; jj < nk; ++jj) {
-      float* vf = sc.vf.data();
-      load_row(v + vrow + int64_t(jj) * p.v_row_stride, vf, d, dp);
-      for (int r = 0; r < R; ++r) {
-        const float pr = S[r * kTileN + jj];
-        if (pr != 0.f) axpy(pr, vf, O + size_t(r) * dp, dp);
-      }
+    // O += P V (V rows converted once per tile, reused by the R rows)
+    for (int jj = 0; jj < nk; ++jj) load_row(v + vrow + int64_t(jj) * p.v_row_stride, sc.vf.data() + size_t(jj) * dp, d, dp);
+    for (int r = 0; r < R; ++r) {
+      if (sc.m[r] != kNegInf) pv_tile(S + r * kTileN, sc.vf.data(), nk, dp, O + size_t(r) * dp);
     }
     t0 = t1;
   }
