@@ -11,7 +11,7 @@ Prefill (causal, ragged batch): vendored flash_attn_varlen_func vs SDPA per sequ
 prefill loop on main).
 
 Methods alternate inside each repeat; medians are reported with ratios (> 1: vendored faster).
-Usage: python scripts/bench_attention.py [--quick] [--repeats N]
+Usage: python scripts/bench_attention.py [--quick] [--repeats N] [--threads N]
 """
 
 from __future__ import annotations
@@ -119,7 +119,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="contexts 256 and 1024 only, fewer repeats")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     repeats = 3 if args.quick else args.repeats
     contexts = [256, 1024] if args.quick else [256, 1024, 4096]
@@ -134,8 +137,9 @@ def main() -> None:
                 fns = decode_case(shape, batch, ctx, gen)
                 inner = max(1, 64 // (batch * ctx // 256))
                 t = timed(fns, repeats, inner)
-                print(f"| {shape.name} | {batch} | {ctx} | {t['vendored'] * 1e3:.3f} | {t['gather'] * 1e3:.3f} | "
-                      f"{t['sdpa'] * 1e3:.3f} | {t['gather'] / t['vendored']:.2f}x | {t['sdpa'] / t['vendored']:.2f}x |")
+                vend, gath, sdpa = t["vendored"], t["gather"], t["sdpa"]
+                print(f"| {shape.name} | {batch} | {ctx} | {vend * 1e3:.3f} | {gath * 1e3:.3f} | {sdpa * 1e3:.3f} | "
+                      f"{gath / vend:.2f}x | {sdpa / vend:.2f}x |")
     print("\n## prefill, causal, ragged batch (ms per call)")
     print("| shape | sequence lengths | vendored varlen | SDPA per sequence | ratio |")
     print("|---|---|---|---|---|")

@@ -1,11 +1,13 @@
 // adapters/flash_attn/flash_attn.cpp
 // keel_flash_attn's kernels: stable tensors -> the fork's TensorViews, widened scalars narrowed back
 // (range-checked) to the fork's `int` / `float`, the window pair rebuilt, then the fork's
-// upstream-shaped API. The fork's own errors come back prefixed with the op name.
+// upstream-shaped API. The fork's own errors come back prefixed with the op name. Compiled into
+// both libraries: the CUDA twin (-DKEEL_CUDA_LIBRARY) passes device tensors and the current stream.
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 #include "common/adapter.h"
 #include "src/flash_api.h"
@@ -61,6 +63,7 @@ flash::TensorView view(const char* op, const char* arg, const Tensor& t, bool in
   KEEL_CHECK(v.dtype != flash::DType::kOther, op, ": ", arg, " must be float32, bfloat16 or float16, got ",
              scalar_type_name(t.scalar_type()));
   v.data = t.data_ptr();
+  v.is_cuda = t.is_cuda();
   v.ndim = static_cast<int>(t.dim());
   for (int i = 0; i < v.ndim; ++i) {
     v.sizes[i] = t.size(i);
@@ -72,6 +75,22 @@ flash::TensorView view(const char* op, const char* arg, const Tensor& t, bool in
 std::optional<flash::TensorView> view(const char* op, const char* arg, const std::optional<Tensor>& t, bool index) {
   if (!t) return std::nullopt;
   return view(op, arg, *t, index);
+}
+
+// The fork's scalar options, narrowed from the schema's widened ones (range-checked), with
+// upstream's window pair rebuilt from the split schema's two ints.
+struct Options {
+  std::pair<int, int> window;
+  float softmax_scale, softcap;
+  int num_splits;
+};
+
+Options narrow(const char* op, int64_t window_left, int64_t window_right, double softmax_scale, double softcap,
+               int64_t num_splits) {
+  return Options{{adapter::to_int(op, "window_left", window_left), adapter::to_int(op, "window_right", window_right)},
+                 adapter::to_float(op, "softmax_scale", softmax_scale),
+                 adapter::to_float(op, "softcap", softcap),
+                 adapter::to_int(op, "num_splits", num_splits)};
 }
 
 // Runs a call into the fork; its argument errors come back as "<op>: <message>".
@@ -98,19 +117,15 @@ Tensor varlen_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const auto cu_k = view(kVarlen, "cu_seqlens_k", cu_seqlens_k, true);
   const auto used = view(kVarlen, "seqused_k", seqused_k, true);
   const auto table = view(kVarlen, "block_table", block_table, true);
-  // the upstream pair (window_size_left, window_size_right), from the split schema
-  const std::pair<int, int> window{adapter::to_int(kVarlen, "window_left", window_left),
-                                   adapter::to_int(kVarlen, "window_right", window_right)};
   const int mq = adapter::to_int(kVarlen, "max_seqlen_q", max_seqlen_q);
   const int mk = adapter::to_int(kVarlen, "max_seqlen_k", max_seqlen_k);
-  const float scale = adapter::to_float(kVarlen, "softmax_scale", softmax_scale);
-  const float cap = adapter::to_float(kVarlen, "softcap", softcap);
-  const int splits = adapter::to_int(kVarlen, "num_splits", num_splits);
+  const Options o = narrow(kVarlen, window_left, window_right, softmax_scale, softcap, num_splits);
   Tensor out = empty_contiguous(sizes_of(q), dtype_code(q), q);
   const auto ov = view(kVarlen, "out", out);
+  LaunchContext ctx(q);  // CUDA: device guard + current stream; CPU: nothing
   call_fork(kVarlen, [&] {
-    flash::mha_varlen_fwd(qv, kv, vv, ov, cu_q, cu_k, used, table, mq, mk, scale, causal, window.first, window.second,
-                          cap, splits);
+    flash::mha_varlen_fwd(qv, kv, vv, ov, cu_q, cu_k, used, table, mq, mk, o.softmax_scale, causal, o.window.first,
+                          o.window.second, o.softcap, o.num_splits, ctx.stream());
   });
   return out;
 }
@@ -124,28 +139,30 @@ Tensor fwd_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache
   const auto vv = view(kKvcache, "v_cache", v_cache);
   const auto lens = view(kKvcache, "cache_seqlens", cache_seqlens, true);
   const auto table = view(kKvcache, "block_table", block_table, true);
-  const std::pair<int, int> window{adapter::to_int(kKvcache, "window_left", window_left),
-                                   adapter::to_int(kKvcache, "window_right", window_right)};
-  const float scale = adapter::to_float(kKvcache, "softmax_scale", softmax_scale);
-  const float cap = adapter::to_float(kKvcache, "softcap", softcap);
-  const int splits = adapter::to_int(kKvcache, "num_splits", num_splits);
+  const Options o = narrow(kKvcache, window_left, window_right, softmax_scale, softcap, num_splits);
   Tensor out = empty_contiguous(sizes_of(q), dtype_code(q), q);
   const auto ov = view(kKvcache, "out", out);
+  LaunchContext ctx(q);
   call_fork(kKvcache, [&] {
-    flash::mha_fwd_kvcache(qv, kv, vv, lens, table, ov, scale, causal, window.first, window.second, cap, splits);
+    flash::mha_fwd_kvcache(qv, kv, vv, lens, table, ov, o.softmax_scale, causal, o.window.first, o.window.second,
+                           o.softcap, o.num_splits, ctx.stream());
   });
   return out;
 }
 
+#ifndef KEEL_CUDA_LIBRARY
 int64_t cpu_isa(const Tensor& probe) {
   install();
   return static_cast<int64_t>(flash::cpu_isa());
 }
+#endif
 
 }  // namespace keel::flash_attn_adapter
 
 KEEL_ADAPTER_LIBRARY_IMPL(keel_flash_attn, m) {
   KEEL_ADAPTER_IMPL(m, "varlen_fwd", &keel::flash_attn_adapter::varlen_fwd);
   KEEL_ADAPTER_IMPL(m, "fwd_kvcache", &keel::flash_attn_adapter::fwd_kvcache);
+#ifndef KEEL_CUDA_LIBRARY
   KEEL_ADAPTER_IMPL(m, "cpu_isa", &keel::flash_attn_adapter::cpu_isa);
+#endif
 }

@@ -44,6 +44,9 @@ def test_missing_cuda_twin_keeps_cpu_and_refuses_cuda(tmp_path):
         if not libs:
             print("SKIP no vendored library in this build"); raise SystemExit(0)
         torch.version.cuda = "13.0"
+        # the libraries' _ops modules load at import from the package folder: point it at the copies,
+        # so a CUDA twin present in this build (unloadable on CPU torch) is absent for the test
+        l._DIR = Path({str(tmp_path)!r})
         for folder in libs:
             dest = Path({str(tmp_path)!r}) / folder.name
             dest.mkdir()

@@ -25,6 +25,7 @@ std::string cat(const Args&... args) {
 #define FLASH_REQUIRE(cond, ...) FLASH_CHECK(cond, cat(__VA_ARGS__))
 
 ParallelFor g_parallel_for = nullptr;
+CudaLauncher g_cuda_launcher = nullptr;
 int g_num_threads = 1;
 std::atomic<int> g_isa_limit{static_cast<int>(CpuIsa::kAvx512)};
 
@@ -86,6 +87,7 @@ void check_block_table(const TensorView& bt, int b, const int* seqlens_k, int pa
   FLASH_REQUIRE(bt.ndim == 2 && bt.size(0) == b, "block_table must be [batch_size=", b, ", max_blocks], got shape ",
                 shape(bt));
   FLASH_REQUIRE(bt.size(1) <= 1 || bt.stride(1) == 1, "block_table must have a contiguous last dimension");
+  if (bt.is_cuda) return;  // device memory: not read here
   const int* t = static_cast<const int*>(bt.data);
   for (int i = 0; i < b; ++i) {
     const int64_t used = (int64_t(seqlens_k[i]) + page - 1) / page;
@@ -161,7 +163,13 @@ int num_splits_heuristic(int64_t items, int seqlen_k, int num_threads) {
   return int(std::max<int64_t>(1, std::min<int64_t>({want, seqlen_k / 256, 64})));
 }
 
-void run(Flash_fwd_params& params, int num_splits, int block_m_hint) {
+void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, void* stream) {
+  if (cuda) {
+    FLASH_REQUIRE(g_cuda_launcher != nullptr, "device tensors given, but this build has no CUDA kernels");
+    params.num_splits = 1;
+    g_cuda_launcher(params, stream);
+    return;
+  }
   const int64_t items = int64_t(params.b) * params.h_k * ((params.seqlen_q + block_m_hint - 1) / block_m_hint);
   FLASH_REQUIRE(num_splits >= 0 && num_splits <= 128, "num_splits must be in [0, 128], got ", num_splits);
   params.num_splits = num_splits > 0 ? num_splits : num_splits_heuristic(items, params.seqlen_k, g_num_threads);
@@ -187,6 +195,8 @@ void set_parallel_for(ParallelFor fn, int num_threads) {
   g_num_threads = std::max(1, num_threads);
 }
 
+void set_cuda_launcher(CudaLauncher fn) { g_cuda_launcher = fn; }
+
 void set_cpu_isa_limit(CpuIsa limit) { g_isa_limit.store(static_cast<int>(limit)); }
 
 CpuIsa cpu_isa() { return static_cast<CpuIsa>(std::min(static_cast<int>(supported_isa()), g_isa_limit.load())); }
@@ -203,8 +213,9 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
                     const TensorView& cu_seqlens_q, const std::optional<TensorView>& cu_seqlens_k,
                     const std::optional<TensorView>& seqused_k, const std::optional<TensorView>& block_table,
                     int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool is_causal, int window_size_left,
-                    int window_size_right, float softcap, int num_splits) {
+                    int window_size_right, float softcap, int num_splits, void* stream) {
   const bool paged = block_table.has_value();
+  const bool cuda = q.is_cuda;
   check_float("q", q, 3);
   check_float("k", k, paged ? 4 : 3);
   check_float("v", v, paged ? 4 : 3);
@@ -227,31 +238,34 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
   const int* cu_k = cu_seqlens_k ? int_vector("cu_seqlens_k", *cu_seqlens_k, b + 1) : nullptr;
   const int* used_k = seqused_k ? int_vector("seqused_k", *seqused_k, b) : nullptr;
 
-  FLASH_REQUIRE(cu_q[0] == 0, "cu_seqlens_q[0] must be 0, got ", cu_q[0]);
-  FLASH_REQUIRE(cu_q[b] == q.size(0), "cu_seqlens_q[-1] must be total_q = ", q.size(0), ", got ", cu_q[b]);
-  int actual_q = 0, actual_k = 0;
+  int actual_q = max_seqlen_q, actual_k = max_seqlen_k;  // device lengths: trust the maxima
   std::vector<int> seqlens_k(b);
-  for (int i = 0; i < b; ++i) {
-    const int n = cu_q[i + 1] - cu_q[i];
-    FLASH_REQUIRE(n >= 0, "cu_seqlens_q must be non-decreasing, got ", cu_q[i], " then ", cu_q[i + 1]);
-    FLASH_REQUIRE(n <= max_seqlen_q, "max_seqlen_q = ", max_seqlen_q, " but sequence ", i, " has ", n, " queries");
-    actual_q = std::max(actual_q, n);
-    if (cu_k) {
-      const int nk = cu_k[i + 1] - cu_k[i];
-      FLASH_REQUIRE(nk >= 0, "cu_seqlens_k must be non-decreasing, got ", cu_k[i], " then ", cu_k[i + 1]);
-      seqlens_k[i] = nk;
+  if (!cuda) {
+    FLASH_REQUIRE(cu_q[0] == 0, "cu_seqlens_q[0] must be 0, got ", cu_q[0]);
+    FLASH_REQUIRE(cu_q[b] == q.size(0), "cu_seqlens_q[-1] must be total_q = ", q.size(0), ", got ", cu_q[b]);
+    actual_q = actual_k = 0;
+    for (int i = 0; i < b; ++i) {
+      const int n = cu_q[i + 1] - cu_q[i];
+      FLASH_REQUIRE(n >= 0, "cu_seqlens_q must be non-decreasing, got ", cu_q[i], " then ", cu_q[i + 1]);
+      FLASH_REQUIRE(n <= max_seqlen_q, "max_seqlen_q = ", max_seqlen_q, " but sequence ", i, " has ", n, " queries");
+      actual_q = std::max(actual_q, n);
+      if (cu_k) {
+        const int nk = cu_k[i + 1] - cu_k[i];
+        FLASH_REQUIRE(nk >= 0, "cu_seqlens_k must be non-decreasing, got ", cu_k[i], " then ", cu_k[i + 1]);
+        seqlens_k[i] = nk;
+      }
+      if (used_k) {
+        FLASH_REQUIRE(used_k[i] >= 0, "seqused_k[", i, "] must be >= 0, got ", used_k[i]);
+        FLASH_REQUIRE(paged || !cu_k || used_k[i] <= seqlens_k[i], "seqused_k[", i, "] = ", used_k[i],
+                      " exceeds the sequence's ", seqlens_k[i], " keys in cu_seqlens_k");
+        seqlens_k[i] = used_k[i];
+      }
+      FLASH_REQUIRE(seqlens_k[i] <= max_seqlen_k, "max_seqlen_k = ", max_seqlen_k, " but sequence ", i, " has ",
+                    seqlens_k[i], " keys");
+      actual_k = std::max(actual_k, seqlens_k[i]);
     }
-    if (used_k) {
-      FLASH_REQUIRE(used_k[i] >= 0, "seqused_k[", i, "] must be >= 0, got ", used_k[i]);
-      FLASH_REQUIRE(paged || !cu_k || used_k[i] <= seqlens_k[i], "seqused_k[", i, "] = ", used_k[i],
-                    " exceeds the sequence's ", seqlens_k[i], " keys in cu_seqlens_k");
-      seqlens_k[i] = used_k[i];
-    }
-    FLASH_REQUIRE(seqlens_k[i] <= max_seqlen_k, "max_seqlen_k = ", max_seqlen_k, " but sequence ", i, " has ",
-                  seqlens_k[i], " keys");
-    actual_k = std::max(actual_k, seqlens_k[i]);
   }
-  if (cu_k && !paged) {
+  if (cu_k && !paged && !cuda) {
     FLASH_REQUIRE(cu_k[0] == 0 && cu_k[b] <= k.size(0), "cu_seqlens_k must start at 0 and end within k's ", k.size(0),
                   " rows, got ", cu_k[0], " .. ", cu_k[b]);
   }
@@ -276,14 +290,15 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
     params.block_table_batch_stride = block_table->stride(0);
   }
   if (b == 0 || q.size(0) == 0) return;
-  run(params, num_splits, 64);
+  run(params, num_splits, 64, cuda, stream);
 }
 
 void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const TensorView& vcache,
                      const std::optional<TensorView>& seqlens_k, const std::optional<TensorView>& block_table,
                      const TensorView& out, float softmax_scale, bool is_causal, int window_size_left,
-                     int window_size_right, float softcap, int num_splits) {
+                     int window_size_right, float softcap, int num_splits, void* stream) {
   const bool paged = block_table.has_value();
+  const bool cuda = q.is_cuda;
   check_float("q", q, 4);
   check_float("k_cache", kcache, 4);
   check_float("v_cache", vcache, 4);
@@ -315,7 +330,7 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
   const int* lens_ptr = nullptr;
   if (seqlens_k) {
     lens_ptr = int_vector("cache_seqlens", *seqlens_k, b);
-    for (int i = 0; i < b; ++i) {
+    for (int i = 0; i < b && !cuda; ++i) {
       FLASH_REQUIRE(lens_ptr[i] >= 0 && lens_ptr[i] <= capacity, "cache_seqlens[", i, "] = ", lens_ptr[i],
                     " must be in [0, ", capacity, "] (the keys the cache holds for a sequence)");
       lens[i] = lens_ptr[i];
@@ -329,7 +344,7 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
   params.total_q = b * seqlen_q;
   params.cu_seqlens_k = const_cast<int*>(lens_ptr);  // per-sequence lengths, as upstream
   params.is_seqlens_k_cumulative = false;
-  params.seqlen_k = b ? std::max(1, *std::max_element(lens.begin(), lens.end())) : 1;
+  params.seqlen_k = cuda ? capacity : b ? std::max(1, *std::max_element(lens.begin(), lens.end())) : 1;
   if (paged) {
     params.page_block_size = int(kcache.size(1));
     params.num_blocks = int(kcache.size(0));
@@ -338,7 +353,7 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
     params.block_table_batch_stride = block_table->stride(0);
   }
   if (b == 0 || seqlen_q == 0) return;
-  run(params, num_splits, 64);
+  run(params, num_splits, 64, cuda, stream);
 }
 
 }  // namespace flash

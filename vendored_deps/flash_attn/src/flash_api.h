@@ -16,6 +16,10 @@ namespace flash {
 // the split-K heuristic).
 void set_parallel_for(ParallelFor fn, int num_threads);
 
+// The CUDA launcher, installed by the CUDA kernels' own translation unit when they are linked in.
+using CudaLauncher = void (*)(const Flash_fwd_params& params, void* stream);
+void set_cuda_launcher(CudaLauncher fn);
+
 // Caps the CPU kernels at `limit` (the best build this CPU supports is used otherwise).
 void set_cpu_isa_limit(CpuIsa limit);
 
@@ -26,12 +30,14 @@ const char* cpu_isa_name(CpuIsa isa);
 // q: [total_q, h, d]; k/v: [total_k, h_k, d], or the paged caches [num_blocks, page_block_size,
 // h_k, d] when block_table [b, max_blocks] is given (then seqused_k [b] gives each sequence's
 // keys and cu_seqlens_k may be absent); cu_seqlens_q/k: [b + 1] int32; out: like q.
-// num_splits: 0 = heuristic, 1 = no split along the keys, n = n splits.
+// num_splits: 0 = heuristic, 1 = no split along the keys, n = n splits (CPU only).
+// Device tensors (is_cuda): runs the CUDA kernel on `stream`; the index tensors are not read on
+// the host, so their contents (block ids, lengths) are not range-checked there.
 void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const TensorView& cu_seqlens_q, const std::optional<TensorView>& cu_seqlens_k,
                     const std::optional<TensorView>& seqused_k, const std::optional<TensorView>& block_table,
                     int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool is_causal, int window_size_left,
-                    int window_size_right, float softcap, int num_splits);
+                    int window_size_right, float softcap, int num_splits, void* stream = nullptr);
 
 // q: [b, seqlen_q, h, d]; kcache/vcache: [num_blocks, page_block_size, h_k, d] with block_table
 // [b, max_blocks], or [b, seqlen_k_max, h_k, d] without; seqlens_k: [b] int32 keys per sequence
@@ -39,6 +45,6 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
 void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const TensorView& vcache,
                      const std::optional<TensorView>& seqlens_k, const std::optional<TensorView>& block_table,
                      const TensorView& out, float softmax_scale, bool is_causal, int window_size_left,
-                     int window_size_right, float softcap, int num_splits);
+                     int window_size_right, float softcap, int num_splits, void* stream = nullptr);
 
 }  // namespace flash

@@ -26,6 +26,7 @@ struct TensorView {
   int ndim = 0;
   int64_t sizes[kMaxDims] = {};
   int64_t strides[kMaxDims] = {};  // in elements
+  bool is_cuda = false;  // device memory: the host never reads it (index checks are skipped)
 
   int64_t size(int i) const { return sizes[i < 0 ? i + ndim : i]; }
   int64_t stride(int i) const { return strides[i < 0 ? i + ndim : i]; }

@@ -9,6 +9,8 @@
 // keys and writes an fp32 partial (normalized output + log-sum-exp); combine() merges them.
 #include "flash_fwd_cpu.h"
 
+#include "../block_info.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -234,45 +236,6 @@ inline void exp_tile(const float* x, float m, float* y) {
   }
 }
 
-// ---- per-sequence geometry -----------------------------------------------------------------
-
-struct Seq {
-  int sq = 0, sk = 0;
-  int64_t q_row0 = 0;  // first row of this sequence in [total_q] (varlen) or b * seqlen_q
-  int64_t q_off = 0, o_off = 0;  // element offsets of row 0, head 0
-};
-
-inline Seq sequence(const Flash_fwd_params& p, int b) {
-  Seq s;
-  if (p.cu_seqlens_q) {
-    s.sq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-    s.q_row0 = p.cu_seqlens_q[b];
-    s.q_off = s.q_row0 * p.q_row_stride;
-    s.o_off = s.q_row0 * p.o_row_stride;
-  } else {
-    s.sq = p.seqlen_q;
-    s.q_row0 = int64_t(b) * p.seqlen_q;
-    s.q_off = b * p.q_batch_stride;
-    s.o_off = b * p.o_batch_stride;
-  }
-  if (p.seqused_k) s.sk = p.seqused_k[b];
-  else if (p.cu_seqlens_k) s.sk = p.is_seqlens_k_cumulative ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.cu_seqlens_k[b];
-  else s.sk = p.seqlen_k;
-  return s;
-}
-
-// Element offset of key row j of sequence b (head 0), for K (is_v false) or V.
-inline int64_t kv_row(const Flash_fwd_params& p, int b, int j, bool is_v) {
-  const int64_t row_stride = is_v ? p.v_row_stride : p.k_row_stride;
-  const int64_t batch_stride = is_v ? p.v_batch_stride : p.k_batch_stride;
-  if (p.block_table) {
-    const int block = p.block_table[b * p.block_table_batch_stride + j / p.page_block_size];
-    return block * batch_stride + (j % p.page_block_size) * row_stride;
-  }
-  if (p.cu_seqlens_k && p.is_seqlens_k_cumulative) return (int64_t(p.cu_seqlens_k[b]) + j) * row_stride;
-  return b * batch_stride + int64_t(j) * row_stride;
-}
-
 struct Job {
   const Flash_fwd_params* p;
   int block_m;     // query positions per item
@@ -301,16 +264,13 @@ struct Scratch {
 template <typename T>
 void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
   const Flash_fwd_params& p = *job.p;
-  const Seq seq = sequence(p, b);
+  const BlockInfo seq = block_info(p, b);
   const int m0 = mb * job.block_m;
   if (m0 >= seq.sq) return;
   const int mq = std::min(job.block_m, seq.sq - m0);
   const int G = p.h_h_k_ratio, R = mq * G, d = p.d, dp = job.dp;
-  const int shift = seq.sk - seq.sq;  // bottom-right alignment of the causal / window mask
-  const int left = p.window_size_left, right = p.is_causal ? 0 : p.window_size_right;
-  auto lo_of = [&](int i) { return left >= 0 ? std::max(0, i + shift - left) : 0; };
-  auto hi_of = [&](int i) { return right >= 0 ? std::min(seq.sk, i + shift + right + 1) : seq.sk; };
-  int lo = lo_of(m0), hi = hi_of(m0 + mq - 1);
+  // the block's rows see keys from the first row's lower bound to the last row's upper bound
+  int lo = visible_keys(p, seq, m0).lo, hi = visible_keys(p, seq, m0 + mq - 1).hi;
   if (p.num_splits > 1) {
     const int per = ((seq.sk + p.num_splits - 1) / p.num_splits + kTileN - 1) / kTileN * kTileN;
     lo = std::max(lo, split * per);
@@ -361,7 +321,8 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
     for (int r = 0; r < R; ++r) {
       float* s = S + r * kTileN;
       const int i = m0 + r / G;
-      const int rlo = lo_of(i), rhi = hi_of(i);
+      const KeyRange vis = visible_keys(p, seq, i);
+      const int rlo = vis.lo, rhi = vis.hi;
       float mt = kNegInf;
       for (int jj = 0; jj < kTileN; ++jj) {
         const int j = t0 + jj;
