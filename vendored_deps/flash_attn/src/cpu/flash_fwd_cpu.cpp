@@ -28,7 +28,7 @@ namespace flash {
 namespace VENDORED_CPU_ISA_NS {
 namespace {
 
-constexpr int kTileN = 16;  // keys per tile; page block sizes are multiples of it
+constexpr int kTileN = 16;  // keys per tile (a tile ends early at a page block boundary)
 constexpr int kPad = 16;    // head dim padded to a multiple of this in the fp32 scratch rows
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -294,7 +294,8 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
   }
 
   for (int t0 = lo; t0 < hi;) {
-    const int t1 = std::min(hi, (t0 / kTileN + 1) * kTileN);  // never crosses a page block
+    int t1 = std::min(hi, (t0 / kTileN + 1) * kTileN);
+    if (p.block_table) t1 = std::min(t1, (t0 / p.page_block_size + 1) * p.page_block_size);  // one page per tile
     const int nk = t1 - t0;
     const int64_t krow = kv_row(p, b, t0, false) + int64_t(hk) * p.k_head_stride;
     const int64_t vrow = kv_row(p, b, t0, true) + int64_t(hk) * p.v_head_stride;
