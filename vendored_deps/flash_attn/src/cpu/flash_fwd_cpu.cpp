@@ -261,6 +261,22 @@ struct Scratch {
   }
 };
 
+// Prefetches the K and V rows of keys [t0, t1) (within one page) of kv head hk: pages follow the
+// block table, so the hardware prefetcher cannot guess the next one.
+template <typename T>
+inline void prefetch_tile(const Flash_fwd_params& p, int b, int hk, int t0, int t1, const T* k, const T* v) {
+  if (p.block_table) t1 = std::min(t1, (t0 / p.page_block_size + 1) * p.page_block_size);
+  const char* kr = reinterpret_cast<const char*>(k + kv_row(p, b, t0, false) + int64_t(hk) * p.k_head_stride);
+  const char* vr = reinterpret_cast<const char*>(v + kv_row(p, b, t0, true) + int64_t(hk) * p.v_head_stride);
+  const int64_t row_bytes = int64_t(p.d) * int64_t(sizeof(T));
+  for (int j = 0; j < t1 - t0; ++j) {
+    for (int64_t c = 0; c < row_bytes; c += 64) {
+      __builtin_prefetch(kr + j * p.k_row_stride * int64_t(sizeof(T)) + c);
+      __builtin_prefetch(vr + j * p.v_row_stride * int64_t(sizeof(T)) + c);
+    }
+  }
+}
+
 template <typename T>
 void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
   const Flash_fwd_params& p = *job.p;
@@ -299,6 +315,7 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
     const int nk = t1 - t0;
     const int64_t krow = kv_row(p, b, t0, false) + int64_t(hk) * p.k_head_stride;
     const int64_t vrow = kv_row(p, b, t0, true) + int64_t(hk) * p.v_head_stride;
+    if (t1 < hi) prefetch_tile(p, b, hk, t1, std::min(hi, t1 + kTileN), k, v);  // the next page is anywhere
     // scores S[r][jj] = q_r . k_j
 #if defined(VENDORED_CPU_ISA_AVX512)
     if constexpr (std::is_same_v<T, bf16_t>) {
