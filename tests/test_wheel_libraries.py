@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import keel
-from keel.audit import audit
+from keel_audit import audit
 
 PACKAGE = Path(keel.__file__).resolve().parent
 SYSTEM = {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6", "ld-linux-x86-64.so.2",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from keel.audit import PackageAudit, audit
+from keel_audit import PackageAudit, audit
 
 from .conftest import make_wheel
 

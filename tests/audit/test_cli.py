@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from keel.audit.cli import main
+from keel_audit.cli import main
 
 from .conftest import make_wheel
 

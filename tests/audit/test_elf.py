@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from keel.audit.elf import ElfFormatError, read_elf
+from keel_audit.elf import ElfFormatError, read_elf
 
 
 def test_needed_runpath_and_versions(libs: dict[str, Path]) -> None:

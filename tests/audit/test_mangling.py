@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from keel.audit.elf import read_elf
-from keel.audit.mangling import demangle, scan_mangled, unstable_torch_namespace
+from keel_audit.elf import read_elf
+from keel_audit.mangling import demangle, scan_mangled, unstable_torch_namespace
 
 CASES = {
     "_ZN2at6native3addERKNS_6TensorE": "at",

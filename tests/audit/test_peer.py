@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from keel.audit import audit
+from keel_audit import audit
 
 peer_cli = pytest.importorskip("torch_abi_audit.cli", reason="torch-abi-audit (test-only peer) not installed")
 if not shutil.which("nm"):

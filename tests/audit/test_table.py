@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from keel.audit.elf import read_elf
-from keel.audit.table import cpython_table, is_shim_name, shim_table
+from keel_audit.elf import read_elf
+from keel_audit.table import cpython_table, is_shim_name, shim_table
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_LIBS = {

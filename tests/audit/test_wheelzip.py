@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from keel.audit import AuditInputError, audit, wheelzip
-from keel.audit.cli import main
+from keel_audit import AuditInputError, audit, wheelzip
+from keel_audit.cli import main
 
 from .conftest import make_wheel
 

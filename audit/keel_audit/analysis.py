@@ -16,7 +16,7 @@ from .errors import AuditInputError
 from .gates import package_findings
 from .inputs import Source, open_distribution, open_path, open_wheel
 from .models import INVALID, NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit, PackageAudit
-from .policy import load_policy
+from .policy import POLICY_FILE, STRICT_FILE, Policy, load_policy
 from .table import cpython_table, shim_table
 from .versions import fmt, highest, minor, parse
 
@@ -60,23 +60,54 @@ def _load(sources: list[Source]) -> list[_Loaded]:
     return loaded
 
 
+# findings an --allow pattern turns into warnings for the libraries it names
+_ALLOWABLE = ("unstable", "unknown-shim", "needed-torch-library", "unneeded-torch-library")
+
+
+def resolve_policy(policy: str | os.PathLike | Policy | None = None, strict: bool = False) -> Policy:
+    """The policy object: given, read from a file, the strict one (`strict`) or the default."""
+    if isinstance(policy, Policy):
+        return policy
+    if policy is not None:
+        if strict:
+            raise AuditInputError("keel audit: --strict and --policy exclude each other; expected one")
+        path = Path(policy)
+        if not path.is_file():
+            raise AuditInputError(f"--policy {path}: no such file; expected a policy JSON file")
+        return load_policy(path.resolve())
+    return load_policy(STRICT_FILE if strict else POLICY_FILE)
+
+
+def _severity(finding: Finding, policy: Policy, allowed: bool) -> Finding:
+    """The finding with its severity from the policy (kept when set already; allowed -> warning)."""
+    severity = finding.severity or policy.severity(finding.code)
+    if allowed and finding.code in _ALLOWABLE and severity == "error":
+        severity = "warning"
+    return replace(finding, severity=severity) if severity != finding.severity else finding
+
+
 def audit(
     paths: Sequence[str | os.PathLike],
     *,
     target_torch: str | None = None,
     allow: Sequence[str] = (),
-    require_stable: bool = False,
+    policy: str | os.PathLike | Policy | None = None,
+    strict: bool = False,
 ) -> PackageAudit:
-    """Audit wheels, directories, .so files or installed distributions as one package."""
+    """Audit wheels, directories, .so files or installed distributions as one package.
+
+    `policy` (a Policy or a JSON file) or `strict` (keel's own gate) choose the severities;
+    the default policy is data/policy.json.
+    """
     if not paths:
         raise AuditInputError(
             "keel audit: no input; expected a .whl, a directory, .so files or a distribution name"
         )
     target = fmt(minor(parse(target_torch, "--target-torch"))) if target_torch else None
+    rules = resolve_policy(policy, strict)
     with ExitStack() as stack:
         sources = [_open(os.fspath(p), stack) for p in paths]
         loaded = _load(sources)
-    policy = load_policy()
     exports = frozenset().union(*(info.defined_names for _, _, info in loaded if isinstance(info, ElfInfo)))
     libraries: list[LibraryAudit] = []
     findings: list[Finding] = []
@@ -86,21 +117,18 @@ def audit(
         label = path if len(sources) == 1 or source.kind == "file" else f"{Path(source.label).name}:{path}"
         if isinstance(info, ElfFormatError):
             lib = LibraryAudit(path=label, verdict=INVALID, error=str(info))
-            findings.append(Finding("invalid-elf", label, f"{info}; expected an ELF shared object"))
+            findings.append(Finding("invalid-elf", label, f"{info}; expected an ELF shared object", severity="error"))
         else:
             abi3 = bool(source.tags) and all(t.split("-")[1] == "abi3" for t in source.tags)
-            ctx = Context(shim_table(), cpython_table(), policy, exports, abi3, *memo)
+            ctx = Context(shim_table(), cpython_table(), rules, exports, abi3, *memo)
             lib, lib_findings = classify(label, info, ctx)
-            if any(fnmatch.fnmatch(label, p) or fnmatch.fnmatch(Path(label).name, p) for p in allow):
+            allowed = any(fnmatch.fnmatch(label, p) or fnmatch.fnmatch(Path(label).name, p) for p in allow)
+            if allowed:
                 lib = replace(lib, allowed=True)
-                lib_findings = [
-                    replace(f, fatal=False) if f.code in ("needed-torch-library", "unknown-shim") else f
-                    for f in lib_findings
-                ]
-            findings += lib_findings
+            findings += [_severity(f, rules, allowed) for f in lib_findings]
         libraries.append(lib)
         by_source.setdefault(source.label, []).append(lib)
-    findings += package_findings(sources, by_source, target, tuple(allow), require_stable)
+    findings += [_severity(f, rules, False) for f in package_findings(sources, by_source, target, tuple(allow))]
     valid = [lib for lib in libraries if lib.verdict != INVALID]
     verdicts = {lib.verdict for lib in valid}
     verdict = UNSTABLE if UNSTABLE in verdicts else STABLE if STABLE in verdicts else NO_TORCH
@@ -114,6 +142,7 @@ def audit(
         python_floor=highest([lib.python_floor for lib in valid if lib.python_floor]),
         glibc_max=highest([lib.glibc_max for lib in valid if lib.glibc_max]),
         target_torch=target,
-        require_stable=require_stable,
+        policy=rules.name,
         allow=tuple(allow),
+        requires_python=next((s.requires_python for s in sources if s.requires_python), None),
     )

@@ -36,6 +36,7 @@ class Source:
     tags: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     candidates: tuple[Candidate, ...] = field(default=())
+    requires_python: str | None = None
 
 
 def _is_dyn_elf(head_bytes: bytes) -> bool:
@@ -46,10 +47,11 @@ def _is_dyn_elf(head_bytes: bytes) -> bool:
     return int.from_bytes(head_bytes[16:18], order) == 3
 
 
-def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Tags from WHEEL and Requires-Dist from METADATA."""
+def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
+    """Tags from WHEEL, Requires-Dist and Requires-Python from METADATA."""
     tags: list[str] = []
     requires: list[str] = []
+    requires_python = None
     wheel = text_of("WHEEL")
     if wheel:
         tags = [
@@ -57,8 +59,10 @@ def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], 
         ]
     meta = text_of("METADATA")
     if meta:
-        requires = email.parser.Parser().parsestr(meta, headersonly=True).get_all("Requires-Dist") or []
-    return tuple(tags), tuple(requires)
+        headers = email.parser.Parser().parsestr(meta, headersonly=True)
+        requires = headers.get_all("Requires-Dist") or []
+        requires_python = headers.get("Requires-Python")
+    return tuple(tags), tuple(requires), requires_python
 
 
 def open_wheel(path: Path, zf: zipfile.ZipFile) -> Source:
@@ -74,7 +78,7 @@ def open_wheel(path: Path, zf: zipfile.ZipFile) -> Source:
         info = dist_info.get(name)
         return zf.read(info).decode("utf-8", "replace") if info else None
 
-    tags, requires = _wheel_meta(text_of)
+    tags, requires, requires_python = _wheel_meta(text_of)
     if not tags:
         parts = path.name[:-4].split("-")
         tags = (("-".join(parts[-3:])),) if len(parts) >= 5 else ()
@@ -85,7 +89,7 @@ def open_wheel(path: Path, zf: zipfile.ZipFile) -> Source:
             candidates.append(
                 Candidate(info.filename, lambda i=info: read_member(zf, i), named)
             )
-    return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates))
+    return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates), requires_python)
 
 
 def _expand(tags: tuple[str, ...]) -> tuple[str, ...]:
@@ -145,11 +149,12 @@ def open_distribution(name: str) -> Source:
         ) from None
     files = [Path(str(dist.locate_file(f))) for f in (dist.files or ())]
     root = Path(str(dist.locate_file("")))
-    tags, _ = _wheel_meta(dist.read_text)
+    tags, _, _ = _wheel_meta(dist.read_text)
     return Source(
         f"{name} (installed)",
         "distribution",
         _expand(tags),
         tuple(dist.requires or ()),
         _scan_dir(root, [f for f in files if f.exists()]),
+        dist.metadata.get("Requires-Python"),
     )
