@@ -157,13 +157,13 @@ def requirement_findings(source: Source, libs: list[LibraryAudit]) -> list[Findi
         ]
     excluded = req.excluded(floor)
     if excluded:
-        shown = ", ".join(str(v) for v in excluded[:3]) + (", ..." if len(excluded) > 3 else "")
+        shown = ", ".join(dict.fromkeys(str(v) for v in (excluded[0], excluded[-1])))
         return [
             Finding(
                 "torch-requirement-narrow",
                 None,
                 f"{source.label}: requires {req.text}, narrower than the range its libraries run on "
-                f"(torch>={floor}): excludes {shown}; expected torch>={floor}",
+                f"(torch>={floor}): excludes torch {shown} among others; expected torch>={floor}",
             )
         ]
     return []

@@ -57,6 +57,38 @@ SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "int keel_weak(c10::intrusive_ptr<int>& x) { return *x.get(); }\n",
         ("-O0",),
     ),
+    # header-only torch code defined (weak) in the library: c10::toString(c10::ScalarType) and a
+    # template of the library's own instantiated on c10::BFloat16 (both header-only in torch)
+    "header_only_export": (
+        "c++",
+        'extern "C" {' + SHIM + "}\n"
+        "namespace c10 { enum class ScalarType : signed char { Byte, BFloat16 };\n"
+        '  __attribute__((noinline)) inline const char* toString(ScalarType t) { return t == ScalarType::Byte ? "Byte" : "BFloat16"; }\n'
+        "  struct BFloat16 { unsigned short x; }; }\n"
+        "namespace mylib { template <class T> __attribute__((noinline)) T twice(T v) { v.x *= 2; return v; } }\n"
+        f'extern "C" int keel_s(void* t) {{ {STABLE_BODY} }}\n'
+        'extern "C" int keel_ho(void* t, int k) { c10::BFloat16 b{1}; b = mylib::twice(b);\n'
+        "  return c10::toString((c10::ScalarType)k)[0] + b.x + keel_s(t); }\n",
+        ("-O1",),
+    ),
+    # the same header-only function, imported (not defined here)
+    "header_only_import": (
+        "c++",
+        'extern "C" {' + SHIM + "}\n"
+        "namespace c10 { enum class ScalarType : signed char; const char* toString(ScalarType t); }\n"
+        f'extern "C" int keel_s(void* t) {{ {STABLE_BODY} }}\n'
+        'extern "C" int keel_hi(void* t, int k) { return c10::toString((c10::ScalarType)k)[0] + keel_s(t); }\n',
+        (),
+    ),
+    # a weak instantiation of the library's own template on at::Tensor (not header-only: its layout
+    # is compiled in)
+    "tensor_layout": (
+        "c++",
+        "namespace at { struct Tensor { void* impl; }; }\n"
+        "namespace mylib { template <class T> __attribute__((noinline)) T pass(T v) { return v; } }\n"
+        'extern "C" void* keel_tl(void* p) { at::Tensor t{p}; return mylib::pass(t).impl; }\n',
+        ("-O1",),
+    ),
     "thp": ("c", "extern void* THPVariableClass;\nvoid* keel_thp(void) { return THPVariableClass; }\n", ()),
     "nonlimited": (
         "c",
@@ -124,6 +156,7 @@ def make_wheel(
     files: dict[str, Path | bytes],
     tag: str = "cp310-abi3-linux_x86_64",
     requires: tuple[str, ...] = ("torch>=2.10",),
+    requires_python: str | None = None,
 ) -> Path:
     """A minimal wheel: the given files plus WHEEL/METADATA in a .dist-info."""
     dist = "fixture-0.1.dist-info"
@@ -134,6 +167,8 @@ def make_wheel(
         meta = "Metadata-Version: 2.1\nName: fixture\nVersion: 0.1\n" + "".join(
             f"Requires-Dist: {r}\n" for r in requires
         )
+        if requires_python:
+            meta += f"Requires-Python: {requires_python}\n"
         zf.writestr(f"{dist}/METADATA", meta)
         zf.writestr(f"{dist}/RECORD", "")
     return path
