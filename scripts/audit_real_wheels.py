@@ -24,10 +24,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
-
 from keel_audit import LibraryAudit, PackageAudit, audit
 from keel_audit.mangling import demangle
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 DEFAULT = ("vllm==0.33.0", "torchao==0.18.0", "xformers==0.0.35")
 

@@ -239,7 +239,8 @@ def merge(scans: list[dict]) -> dict:
             if name not in scan["exported"] and not name.startswith(("aoti_torch_mps", "aoti_torch_xpu")) and (
                 scan["has_cuda"] or "cuda" not in name
             ):
-                note(name, version, "declared-not-exported", "in the headers, not exported by libtorch_cpu/libtorch_cuda")
+                note(name, version, "declared-not-exported",
+                     "in the headers, not exported by libtorch_cpu/libtorch_cuda")
     for entry in symbols.values():
         entry.pop("exported", None)
     header_only: dict[str, str] = {}

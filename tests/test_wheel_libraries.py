@@ -8,7 +8,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from keel_audit import audit
 
 # the installed package, located without importing it (importing keel loads its libraries)

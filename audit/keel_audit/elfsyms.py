@@ -122,11 +122,15 @@ def walk_versions(
     """
     kind = ".gnu.version_r" if need else ".gnu.version_d"
     if count > len(raw) // 16:
-        raise ElfFormatError(f"malformed ELF: {kind} claims {count} entries; {len(raw)} bytes hold at most {len(raw) // 16}")
+        raise ElfFormatError(
+            f"malformed ELF: {kind} claims {count} entries; {len(raw)} bytes hold at most {len(raw) // 16}"
+        )
     pos, seen = 0, set()
     for i in range(count):
         if pos in seen or pos + 16 > len(raw):
-            raise ElfFormatError(f"malformed ELF: {kind} entry {i} at offset {pos} loops back or lies outside the section")
+            raise ElfFormatError(
+                f"malformed ELF: {kind} entry {i} at offset {pos} loops back or lies outside the section"
+            )
         seen.add(pos)
         if need:
             _ver, cnt, vfile, aux, nxt = struct.unpack_from(e + "HHIII", raw, pos)
@@ -145,12 +149,16 @@ def walk_versions(
             aux_seen = set()
             for _ in range(cnt):
                 if apos in aux_seen or apos + 16 > len(raw):
-                    raise ElfFormatError(f"malformed ELF: {kind} auxiliary at offset {apos} loops back or lies outside the section")
+                    raise ElfFormatError(
+                        f"malformed ELF: {kind} auxiliary at offset {apos} loops back or lies outside the section"
+                    )
                 aux_seen.add(apos)
                 _hash, _fl, other, vname, anext = struct.unpack_from(e + "IHHII", raw, apos)
                 names[other] = cstr(table, vname)
                 needs.append((file, names[other]))
                 apos += anext
         if nxt == 0 and i + 1 < count:
-            raise ElfFormatError(f"malformed ELF: {kind} chain ends after {i + 1} of {count} entries (vn_next 0 loops back)")
+            raise ElfFormatError(
+                f"malformed ELF: {kind} chain ends after {i + 1} of {count} entries (vn_next 0 loops back)"
+            )
         pos += nxt

@@ -25,6 +25,7 @@ class Candidate:
     path: str
     load: Callable[[], bytes | Path | MemberReader]
     named_so: bool
+    size: int = 0  # bytes to read (uncompressed), to start the largest first
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], 
     return tuple(tags), tuple(requires), requires_python
 
 
-def open_wheel(path: Path, zf: zipfile.ZipFile) -> Source:
-    """Candidates read straight from the zip; metadata from its .dist-info."""
+def open_wheel(path: Path, zf: zipfile.ZipFile, fd: int | None = None) -> Source:
+    """Candidates read straight from the zip (positional reads on `fd` when given); metadata from its .dist-info."""
     members = check_members(zf, str(path))
     dist_info = {
         m.filename.split("/", 1)[1]: m
@@ -87,7 +88,7 @@ def open_wheel(path: Path, zf: zipfile.ZipFile) -> Source:
         named = bool(_SO_NAME.search(info.filename))
         if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info))):
             candidates.append(
-                Candidate(info.filename, lambda i=info: read_member(zf, i), named)
+                Candidate(info.filename, lambda i=info: read_member(zf, i, fd), named, info.file_size)
             )
     return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates), requires_python)
 
@@ -124,7 +125,7 @@ def _scan_dir(root: Path, files: list[Path] | None = None) -> tuple[Candidate, .
                 if not _is_dyn_elf(fh.read(18)):
                     continue
         rel = file.relative_to(root).as_posix() if file.is_relative_to(root) else str(file)
-        out.append(Candidate(rel, lambda f=file: f, named))
+        out.append(Candidate(rel, lambda f=file: f, named, file.stat().st_size))
     return tuple(out)
 
 

@@ -47,7 +47,8 @@ def render_table(result: PackageAudit) -> str:
     lines = [f"keel audit: {', '.join(result.sources)}"]
     if result.tags:
         lines.append(f"wheel tags: {', '.join(result.tags)}")
-    header = ["library", "verdict", "torch>=", "python>=", "glibc", "shim", "unstable", "header-only", "cpython", "other"]
+    header = ["library", "verdict", "torch>=", "python>=", "glibc", "shim", "unstable", "header-only", "cpython",
+              "other"]
     lines += (
         _table([header] + [_row(lib) for lib in result.libraries])
         if result.libraries

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from keel_audit.cli import main
 
 from .conftest import make_wheel

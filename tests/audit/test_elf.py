@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-
 from keel_audit.cli import main
 from keel_audit.elf import ElfFormatError, read_elf
 

@@ -9,7 +9,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from keel_audit import AuditInputError, audit, elf, wheelzip
 from keel_audit.elfdyn import read_dynamic
 

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from keel_audit.elf import read_elf
 from keel_audit.mangling import demangle, scan_mangled, scan_refs, torch_refs, unstable_torch_namespace
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
-
 from keel_audit import elf
 from keel_audit.elfdyn import read_dynamic
 from keel_audit.elfslow import read_with_pyelftools

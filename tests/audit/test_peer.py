@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from keel_audit import audit
 
 peer_cli = pytest.importorskip("torch_abi_audit.cli", reason="torch-abi-audit (test-only peer) not installed")

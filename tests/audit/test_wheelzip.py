@@ -8,10 +8,10 @@ import os
 import stat
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
-
 from keel_audit import AuditInputError, audit, wheelzip
 from keel_audit.cli import main
 
@@ -110,6 +110,15 @@ def test_large_member_streamed_not_extracted(
     writes = _watch_writes(monkeypatch)
     assert audit([wheel]) == whole
     assert writes == [], "the audit opened files for writing"
+
+
+def test_isal_and_zlib_inflate_alike(libs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ISA-L is optional: the zlib fallback must give the same audit, wheel members read by threads
+    wheel = make_wheel(tmp_path / "w.whl", {f"pkg/_{i}.abi3.so": libs[k] for i, k in enumerate(("stable", "mixed", "vector"))})
+    first = audit([wheel])
+    monkeypatch.setattr(wheelzip, "_inflate_lib", zlib)
+    monkeypatch.setattr(wheelzip, "CHUNK", 1000)
+    assert audit([wheel]) == first and len(first.libraries) == 3
 
 
 def test_write_watch_sees_an_extraction(libs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
