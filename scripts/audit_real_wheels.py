@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -159,16 +160,24 @@ def timing(spec: str, cache: Path, rounds: int) -> str:
         "peer tree": [peer_exe, *pkgs],
     }
     times: dict[str, list[float]] = {k: [] for k in commands}
+    cpu: dict[str, list[float]] = {k: [] for k in commands}
     for _ in range(rounds):
         for name, cmd in commands.items():  # alternate: one of each per round
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             subprocess.run(cmd, capture_output=True, check=False)
             times[name].append(time.perf_counter() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the tool and every process it ran
+            cpu[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     med = {k: statistics.median(v) for k, v in times.items()}
-    lines = [f"{spec}: median of {rounds} alternating rounds (fresh processes, process start included)"]
-    lines += [f"  {k}: {med[k]:.2f} s  (runs {', '.join(f'{t:.2f}' for t in times[k])})" for k in commands]
-    lines.append(f"  peer tree / keel tree = {med['peer tree'] / med['keel tree']:.2f}x; "
-                 f"peer tree / keel .whl = {med['peer tree'] / med['keel .whl']:.2f}x")
+    mcpu = {k: statistics.median(v) for k, v in cpu.items()}
+    lines = [f"{spec}: median of {rounds} alternating rounds (fresh processes, process start included); "
+             f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"]
+    lines += [f"  {k}: wall {med[k]:.2f} s (runs {', '.join(f'{t:.2f}' for t in times[k])}), "
+              f"cpu {mcpu[k]:.2f} s" for k in commands]
+    lines.append(f"  wall: peer tree / keel tree = {med['peer tree'] / med['keel tree']:.2f}x, "
+                 f"peer tree / keel .whl = {med['peer tree'] / med['keel .whl']:.2f}x; "
+                 f"cpu: peer tree / keel tree = {mcpu['peer tree'] / mcpu['keel tree']:.2f}x")
     return "\n".join(lines)
 
 

@@ -86,7 +86,7 @@ def open_wheel(path: Path, zf: zipfile.ZipFile, fd: int | None = None) -> Source
     candidates = []
     for info in members:
         named = bool(_SO_NAME.search(info.filename))
-        if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info))):
+        if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info, fd=fd))):
             candidates.append(
                 Candidate(info.filename, lambda i=info: read_member(zf, i, fd), named, info.file_size)
             )
@@ -109,23 +109,47 @@ def _expand(tags: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _walk(root: str) -> list[str]:
+    """Regular files under root, symlinks skipped (os.scandir: file types come with the listing)."""
+    out: list[str] = []
+    stack = [root]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    continue
+                if entry.is_dir():
+                    stack.append(entry.path)
+                elif entry.is_file():
+                    out.append(entry.path)
+    return out
+
+
+def _sniff(path: str) -> bool:
+    """An ELF shared object by its first bytes (one open/read/close, no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _is_dyn_elf(os.read(fd, 18))
+    finally:
+        os.close(fd)
+
+
 def _scan_dir(root: Path, files: list[Path] | None = None) -> tuple[Candidate, ...]:
     """Regular files under root (symlinks skipped) that are named *.so[.N] or are ELF shared objects."""
+    base = os.fspath(root)
     if files is None:
-        files = []
-        for dirpath, _dirs, names in os.walk(root):
-            files += [Path(dirpath) / n for n in names]
+        paths = _walk(base)
+    else:
+        paths = [os.fspath(f) for f in files if not f.is_symlink() and f.is_file()]
     out = []
-    for file in sorted(files):
-        if file.is_symlink() or not file.is_file():
+    prefix = base.rstrip(os.sep) + os.sep
+    for path in sorted(paths):
+        name = path.rsplit(os.sep, 1)[-1]
+        named = bool(_SO_NAME.search(name))
+        if not named and not _sniff(path):
             continue
-        named = bool(_SO_NAME.search(file.name))
-        if not named:
-            with open(file, "rb") as fh:
-                if not _is_dyn_elf(fh.read(18)):
-                    continue
-        rel = file.relative_to(root).as_posix() if file.is_relative_to(root) else str(file)
-        out.append(Candidate(rel, lambda f=file: f, named, file.stat().st_size))
+        rel = path[len(prefix) :].replace(os.sep, "/") if path.startswith(prefix) else path
+        out.append(Candidate(rel, lambda f=Path(path): f, named, os.stat(path).st_size))
     return tuple(out)
 
 

@@ -223,8 +223,19 @@ class MemberReader:
             self.kept.append((offset, data))
 
 
-def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18) -> bytes:
-    """First bytes of a member (ELF sniffing) without reading all of it."""
+def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18, fd: int | None = None) -> bytes:
+    """First bytes of a member (ELF sniffing) without reading all of it (with `fd`: one positional
+    read of its first compressed bytes, no zipfile machinery per member)."""
+    if fd is not None and info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        try:
+            stream = _RawStream(fd, info)
+            stream.IN_CHUNK = 4096
+            out = b""
+            while len(out) < size and (piece := stream.read(size - len(out))):
+                out += piece
+            return out
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, _inflate_lib.error) as exc:
+            raise _unreadable(info, exc) from None
     try:
         with zf.open(info) as fh:
             return fh.read(size)
