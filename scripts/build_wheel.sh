@@ -9,7 +9,7 @@ keel_venv "$VENV" "${KEEL_BUILD_TORCH:-2.13.0}"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q -r "$KEEL_ROOT/requirements-build.txt"
 # keel-audit (audit/, pure Python) gates the build: setup.py imports it, and it audits the wheel below.
-"$PY" -m pip install -q --no-build-isolation "$KEEL_ROOT/audit"
+"$PY" -m pip install -q --no-build-isolation "$KEEL_ROOT/audit[fast]"  # [fast]: ISA-L inflation
 
 cd "$KEEL_ROOT"
 rm -rf build/lib* dist/keel-*.whl
