@@ -125,13 +125,12 @@ def walk_versions(
         raise ElfFormatError(
             f"malformed ELF: {kind} claims {count} entries; {len(raw)} bytes hold at most {len(raw) // 16}"
         )
-    pos, seen = 0, set()
+    pos = 0  # offsets only grow (unsigned vn_next), so a loop is a zero vn_next, checked below
     for i in range(count):
-        if pos in seen or pos + 16 > len(raw):
+        if pos + 16 > len(raw):
             raise ElfFormatError(
-                f"malformed ELF: {kind} entry {i} at offset {pos} loops back or lies outside the section"
+                f"malformed ELF: {kind} entry {i} at offset {pos} lies outside the section"
             )
-        seen.add(pos)
         if need:
             _ver, cnt, vfile, aux, nxt = struct.unpack_from(e + "HHIII", raw, pos)
         else:
