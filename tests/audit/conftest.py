@@ -111,12 +111,16 @@ SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "plain": ("c", "int keel_plain(int x) { return x + 1; }\n", ()),
     "libc10": ("c", "int c10_dummy(void) { return 0; }\n", ("-Wl,-soname,libc10.so",)),
     "libcudart": ("c", "int cudart_dummy(void) { return 0; }\n", ("-Wl,-soname,libcudart.so.13",)),
+    "libtorch": ("c", "int torch_dummy(void) { return 0; }\n", ("-Wl,-soname,libtorch.so",)),
+    "libtorch_cpu": ("c", "int torch_cpu_dummy(void) { return 0; }\n", ("-Wl,-soname,libtorch_cpu.so",)),
 }
 # libraries linked against the dummies above: name -> (base source, link args)
 LINKED = {
     "needs_c10": ("stable", ("-L{d}", "-Wl,--no-as-needed", "-l:libc10.so")),
     "needs_cudart": ("stable", ("-L{d}", "-Wl,--no-as-needed", "-l:libcudart.so.13")),
     "build_rpath": ("stable", ("-Wl,-rpath,/home/build/pytorch/torch/lib",)),
+    "needs_libtorch": ("stable", ("-L{d}", "-Wl,--no-as-needed", "-l:libtorch.so", "-l:libtorch_cpu.so")),
+    "needs_torch_cpu": ("stable", ("-L{d}", "-Wl,--no-as-needed", "-l:libtorch_cpu.so")),
 }
 
 
@@ -134,7 +138,8 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not shutil.which("gcc") or not shutil.which("g++"):
         pytest.skip("gcc/g++ not available to build ELF fixtures")
     d = tmp_path_factory.mktemp("elf")
-    names = {"libc10": "libc10.so", "libcudart": "libcudart.so.13", "libfoo": "libfoo.so.1"}
+    names = {"libc10": "libc10.so", "libcudart": "libcudart.so.13", "libfoo": "libfoo.so.1",
+             "libtorch": "libtorch.so", "libtorch_cpu": "libtorch_cpu.so"}
     with ThreadPoolExecutor(2) as pool:
         done = {k: pool.submit(_compile, d / names.get(k, f"{k}.so"), *v) for k, v in SOURCES.items()}
         out = {k: f.result() for k, f in done.items()}

@@ -65,6 +65,9 @@ CASES = {
     "needs-libc10-strict": ({"pkg/_C.abi3.so": "needs_c10"}, {"strict": True}, "STABLE", 1, {"needed-torch-library"}),
     "dynamic-cudart": ({"pkg/_C.abi3.so": "needs_cudart"}, {}, "STABLE", 0, set()),
     "dynamic-cudart-strict": ({"pkg/_C.abi3.so": "needs_cudart"}, {"strict": True}, "STABLE", 1, {"dynamic-cudart"}),
+    "unneeded-libtorch": ({"pkg/_C.abi3.so": "needs_libtorch"}, {}, "STABLE", 0, set()),
+    "libtorch-strict": ({"pkg/_C.abi3.so": "needs_libtorch"}, {"strict": True}, "STABLE", 1, {"needed-torch-library"}),
+    "needs-libtorch-cpu": ({"pkg/_C.abi3.so": "needs_torch_cpu"}, {"strict": True}, "STABLE", 0, set()),
     "build-tree-runpath": ({"pkg/_C.abi3.so": "build_rpath"}, {}, "STABLE", 1, {"build-tree-runpath"}),
     "no-torch": ({"pkg/_plain.abi3.so": "plain"}, {"target_torch": "2.10"}, "NO-TORCH", 0, set()),
 }
@@ -72,7 +75,8 @@ CASES = {
 WARNINGS = {
     "header-only-export": {"header-only-export"},
     "header-only-import": {"header-only-import"},
-    "needs-libc10": {"needed-torch-library"},
+    "needs-libc10": {"needed-torch-library"},  # not also "unneeded": one finding per library name
+    "unneeded-libtorch": {"unneeded-torch-library"},
     "dynamic-cudart": {"dynamic-cudart"},
     "bundled-allowed": {"unstable"},
 }
