@@ -90,9 +90,7 @@ class AuditedWheel(bdist_wheel):
 
     def run(self) -> None:
         self.run_command("build_ext")
-        build_ext_cmd = self.get_finalized_command("build_ext")
-        out_dir = Path(build_ext_cmd.get_ext_fullpath("keel._C")).resolve().parent
-        libs = sorted(out_dir.rglob("*.abi3.so"))  # keel's own and keel/vendored/<name>/ ones
+        libs = self.get_finalized_command("build_ext").built_libraries  # every *.abi3.so, vendored too
         audit = load_audit()
         result = audit.audit([str(p) for p in libs], target_torch=TORCH_TARGET, strict=True)
         print(result.render())
