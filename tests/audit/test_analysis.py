@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,8 @@ def test_keels_own_wheel_if_built() -> None:
         pytest.skip("no dist/keel-*.whl built")
     result = audit([wheels[-1]], target_torch="2.10", strict=True)
     assert result, result.render()
+    with zipfile.ZipFile(wheels[-1]) as zf:  # the audit is its own distribution, not part of keel's wheel
+        assert not [n for n in zf.namelist() if n.startswith(("keel_audit/", "keel/audit/"))]
     assert (result.verdict, result.torch_floor) == ("STABLE", "2.10")
 
 
