@@ -121,6 +121,9 @@ def audit(
     findings: list[Finding] = []
     by_source: dict[str, list[LibraryAudit]] = {}
     memo: tuple[dict[str, object], dict[str, object]] = ({}, {})  # per-audit symbol verdicts
+    releases = shim_table().torch_versions
+    # the oldest torch the libraries must load on: imports of names header-only only later are libtorch's
+    oldest = target or (fmt(minor(parse(releases[0]))) if releases else "2.10")
     for source, path, info in loaded:
         label = path if len(sources) == 1 or source.kind == "file" else f"{Path(source.label).name}:{path}"
         if isinstance(info, ElfFormatError):
@@ -128,7 +131,7 @@ def audit(
             findings.append(Finding("invalid-elf", label, f"{info}; expected an ELF shared object", severity="error"))
         else:
             abi3 = bool(source.tags) and all(t.split("-")[1] == "abi3" for t in source.tags)
-            ctx = Context(shim_table(), cpython_table(), rules, exports, abi3, *memo)
+            ctx = Context(shim_table(), cpython_table(), rules, exports, abi3, oldest, *memo)
             lib, lib_findings = classify(label, info, ctx)
             allowed = any(fnmatch.fnmatch(label, p) or fnmatch.fnmatch(Path(label).name, p) for p in allow)
             if allowed:

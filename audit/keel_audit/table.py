@@ -27,10 +27,17 @@ class ShimTable:
     libraries: dict[str, str]
     header_only: dict[str, str]
 
-    def is_header_only(self, path: str) -> bool:
-        """A qualified torch name (`c10::BFloat16::x`) one of whose prefixes is header-only."""
+    def is_header_only(self, path: str, upto: str | None = None) -> bool:
+        """A qualified torch name (`c10::BFloat16::x`) one of whose prefixes is header-only (in every
+        torch release from `upto` on, when given: `c10::report_overflow` is header-only only since
+        2.15, before that libc10 exports it)."""
         parts = path.split("::")
-        return any("::".join(parts[:k]) in self.header_only for k in range(2, len(parts) + 1))
+        limit = tuple(int(p) for p in upto.split(".")) if upto else None
+        for k in range(2, len(parts) + 1):
+            since = self.header_only.get("::".join(parts[:k]))
+            if since is not None and (limit is None or tuple(int(p) for p in since.split(".")) <= limit):
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)

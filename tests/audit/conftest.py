@@ -89,6 +89,13 @@ SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         'extern "C" void* keel_tl(void* p) { at::Tensor t{p}; return mylib::pass(t).impl; }\n',
         ("-O1",),
     ),
+    # c10::report_overflow is header-only only since torch 2.15; libc10 exports it before that
+    "late_header_only": (
+        "c++",
+        "namespace c10 { void report_overflow(const char* name); }\n"
+        'extern "C" void keel_ro(void) { c10::report_overflow("x"); }\n',
+        (),
+    ),
     "thp": ("c", "extern void* THPVariableClass;\nvoid* keel_thp(void) { return THPVariableClass; }\n", ()),
     "nonlimited": (
         "c",

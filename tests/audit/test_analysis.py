@@ -35,6 +35,14 @@ CASES = {
         1,
         {"header-only-import"},
     ),
+    "late-header-only-import": ({"pkg/_C.abi3.so": "late_header_only"}, {}, "UNSTABLE", 1, {"unstable"}),
+    "late-header-only-import-2.15": (
+        {"pkg/_C.abi3.so": "late_header_only"},
+        {"target_torch": "2.15"},
+        "NO-TORCH",
+        0,
+        set(),
+    ),
     "thp-global": ({"pkg/_C.abi3.so": "thp"}, {}, "UNSTABLE", 1, {"unstable"}),
     "non-limited-cpython": ({"pkg/_ext.abi3.so": "nonlimited"}, {}, "NO-TORCH", 1, {"cpython-non-limited"}),
     "newer-than-target": (
@@ -76,6 +84,7 @@ CASES = {
 WARNINGS = {
     "header-only-export": {"header-only-export"},
     "header-only-import": {"header-only-import"},
+    "late-header-only-import-2.15": {"header-only-import"},
     "needs-libc10": {"needed-torch-library"},  # not also "unneeded": one finding per library name
     "unneeded-libtorch": {"unneeded-torch-library"},
     "dynamic-cudart": {"dynamic-cudart"},
