@@ -25,6 +25,7 @@ class Context:
     policy: Policy
     package_exports: frozenset[str]
     abi3_wheel: bool
+    oldest_torch: str = "2.10"  # imports count as header-only only if they were so in this torch
     categories: dict[str, object] = field(default_factory=dict)  # undefined name -> category
     exported: dict[str, object] = field(default_factory=dict)  # defined name -> TorchUse
 
@@ -47,20 +48,21 @@ def symbol_versions(info: ElfInfo) -> dict[str, str | None]:
 NO_TORCH_USE, HEADER_ONLY, UNSTABLE_USE = 0, 1, 2
 
 
-def torch_use(name: str, shims: ShimTable) -> int:
+def torch_use(name: str, shims: ShimTable, upto: str | None = None) -> int:
     """UNSTABLE_USE when a mangled name involves a torch name that is not header-only (`at::Tensor`,
     `c10::intrusive_ptr`, `c10::IValue`, ...), HEADER_ONLY when every torch name it involves is
     header-only (`c10::BFloat16`, `c10::toString`, `torch::stable::Tensor`, ...), else NO_TORCH_USE.
 
     An operator in a torch namespace (`c10::operator+`) is decided by the names around it; alone it
-    counts as unstable.
+    counts as unstable. With `upto`, a name counts as header-only only when it already was in torch
+    `upto` (for imports: an older torch's libc10 may export what is header-only today).
     """
     refs = torch_refs(name)
     if not refs:
         return NO_TORCH_USE
     header_only = operators = 0
     for path in refs:
-        if is_stable_path(path) or shims.is_header_only(path):
+        if is_stable_path(path) or shims.is_header_only(path, upto):
             header_only += 1
         elif path.count("::") == 1 and path.endswith("::operator"):
             operators += 1
@@ -85,7 +87,7 @@ def _category(name: str, ctx: Context) -> int:
     if ctx.policy.is_shim_like(name):
         return SHIM_EXPORTED if name in ctx.package_exports else UNKNOWN
     if name.startswith("_Z"):
-        use = torch_use(name, ctx.shims)
+        use = torch_use(name, ctx.shims, ctx.oldest_torch)
         if use == UNSTABLE_USE:
             return UNSTABLE_REF
         return HEADER_ONLY_REF if use == HEADER_ONLY and name not in ctx.package_exports else OTHER
