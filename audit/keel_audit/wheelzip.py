@@ -91,16 +91,20 @@ class _RawStream:
 
     IN_CHUNK = 256 << 10
 
-    def __init__(self, fd: int, info: zipfile.ZipInfo) -> None:
-        header = os.pread(fd, 30, info.header_offset)
-        if len(header) != 30 or header[:4] != b"PK\x03\x04":
+    def __init__(self, fd: int, info: zipfile.ZipInfo, first: int = 0) -> None:
+        """`first`: compressed bytes to read together with the local header (one read for a sniff)."""
+        guess = 30 + len(info.orig_filename.encode()) + len(info.extra)
+        block = os.pread(fd, guess + min(first, info.compress_size), info.header_offset)
+        if len(block) < 30 or block[:4] != b"PK\x03\x04":
             raise zipfile.BadZipFile(f"bad local file header for {info.filename!r}")
-        name_len, extra_len = struct.unpack_from("<HH", header, 26)
+        name_len, extra_len = struct.unpack_from("<HH", block, 26)
         self.fd, self.info = fd, info
         self.at = info.header_offset + 30 + name_len + extra_len
         self.end = self.at + info.compress_size
         self.inflate = _inflate_lib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
-        self.tail = b""  # compressed input not consumed yet
+        skip = 30 + name_len + extra_len
+        self.tail = block[skip : skip + info.compress_size] if first else b""  # compressed input not consumed yet
+        self.at += len(self.tail)
         self.out = 0
         self.crc = 0
 
@@ -228,7 +232,7 @@ def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18, fd: int | N
     read of its first compressed bytes, no zipfile machinery per member)."""
     if fd is not None and info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         try:
-            stream = _RawStream(fd, info)
+            stream = _RawStream(fd, info, first=1024)  # a deflate block header fits, usually
             stream.IN_CHUNK = 4096
             out = b""
             while len(out) < size and (piece := stream.read(size - len(out))):
