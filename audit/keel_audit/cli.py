@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .analysis import audit
@@ -50,7 +51,11 @@ def run(args: argparse.Namespace) -> int:
     except AuditError as exc:
         print(f"keel audit: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(json.dumps(result.to_json(), indent=2) if args.json else result.render())
+    try:
+        print(json.dumps(result.to_json(), indent=2) if args.json else result.render(), flush=True)
+    except BrokenPipeError:  # `keel-audit ... | head`: the reader left; the exit code still says it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return result.exit_code
     if result.exit_code == 2:
         print("keel audit: error: some libraries could not be read as ELF shared objects", file=sys.stderr)
     elif result.exit_code == 1:
