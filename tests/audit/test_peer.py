@@ -78,6 +78,21 @@ CASES = {
         0,
         "peer ignores DT_NEEDED; a dynamic libcudart.so.13 pins the CUDA major version",
     ),
+    "header-only-export": ({"pkg/_C.abi3.so": "header_only_export"}, {"target_torch": "2.10"}, 0, 0, "agree"),
+    "header-only-import": (
+        {"pkg/_C.abi3.so": "header_only_import"},
+        {"target_torch": "2.10"},
+        0,
+        1,
+        "peer flags every undefined c10:: name; c10::toString(c10::ScalarType) is header-only torch code",
+    ),
+    "tensor-layout-export": (
+        {"pkg/_C.abi3.so": "tensor_layout"},
+        {},
+        1,
+        0,
+        "peer reads only undefined symbols; mylib::pass<at::Tensor> compiles in at::Tensor's layout",
+    ),
     "non-elf-so": (
         {"pkg/_C.abi3.so": "stable", "pkg/fake.so": "notelf"},
         {},
