@@ -27,11 +27,7 @@ class Context:
     abi3_wheel: bool
     oldest_torch: str = "2.10"  # imports count as header-only only if they were so in this torch
     categories: dict[str, object] = field(default_factory=dict)  # undefined name -> category
-    exported: dict[str, object] = field(default_factory=dict)  # defined name -> TorchUse
-
-
-def _key(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in v.split("."))
+    exported: dict[str, object] = field(default_factory=dict)  # defined name -> torch_use()
 
 
 def symbol_versions(info: ElfInfo) -> dict[str, str | None]:
@@ -60,13 +56,11 @@ def torch_use(name: str, shims: ShimTable, upto: str | None = None) -> int:
     refs = torch_refs(name)
     if not refs:
         return NO_TORCH_USE
-    header_only = operators = 0
+    header_only = False
     for path in refs:
         if is_stable_path(path) or shims.is_header_only(path, upto):
-            header_only += 1
-        elif path.count("::") == 1 and path.endswith("::operator"):
-            operators += 1
-        else:
+            header_only = True
+        elif not (path.count("::") == 1 and path.endswith("::operator")):
             return UNSTABLE_USE
     return HEADER_ONLY if header_only else UNSTABLE_USE
 
