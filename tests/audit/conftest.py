@@ -96,6 +96,15 @@ SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         'extern "C" void keel_ro(void) { c10::report_overflow("x"); }\n',
         (),
     ),
+    # one definition involving a header-only type and a libtorch type: the libtorch type decides
+    "mixed_layout": (
+        "c++",
+        "namespace c10 { struct BFloat16 { unsigned short x; }; }\n"
+        "namespace at { struct Tensor { void* impl; }; }\n"
+        "namespace mylib { template <class A, class B> __attribute__((noinline)) A pick(A a, B) { return a; } }\n"
+        'extern "C" int keel_ml(void* p) { return mylib::pick(c10::BFloat16{1}, at::Tensor{p}).x; }\n',
+        ("-O1",),
+    ),
     "thp": ("c", "extern void* THPVariableClass;\nvoid* keel_thp(void) { return THPVariableClass; }\n", ()),
     "nonlimited": (
         "c",

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 from keel_audit import PackageAudit, audit
+from keel_audit.classify import HEADER_ONLY, NO_TORCH_USE, UNSTABLE_USE, torch_use
 from keel_audit.mangling import demangle
+from keel_audit.table import shim_table
 
 from .conftest import make_wheel
 
@@ -20,6 +22,7 @@ CASES = {
     "weak-c10-export": ({"pkg/_C.abi3.so": "weak_c10"}, {}, "UNSTABLE", 1, {"unstable"}),
     "tensor-layout-export": ({"pkg/_C.abi3.so": "tensor_layout"}, {}, "UNSTABLE", 1, {"unstable"}),
     "header-only-export": ({"pkg/_C.abi3.so": "header_only_export"}, {}, "STABLE", 0, set()),
+    "header-only-and-layout-export": ({"pkg/_C.abi3.so": "mixed_layout"}, {}, "UNSTABLE", 1, {"unstable"}),
     "header-only-export-strict": (
         {"pkg/_C.abi3.so": "header_only_export"},
         {"strict": True},
@@ -251,3 +254,21 @@ def test_no_abi3_python_floor_once_non_limited_symbols_are_used(libs: dict[str, 
     # tied to one CPython version, so an abi3 floor would mislead
     (lib,) = audit([str(libs["nonlimited"])]).libraries
     assert lib.cpython_nonlimited == ("PyCode_Addr2Line",) and lib.python_floor is None
+
+
+@pytest.mark.parametrize(
+    ("name", "use"),
+    [
+        ("_ZN3c10plERKNS_8BFloat16ES2_", HEADER_ONLY),  # c10::operator+(BFloat16 const&, BFloat16 const&)
+        ("_ZN3c10lsERSoRKNS_6DeviceE", UNSTABLE_USE),  # c10::operator<<(ostream&, c10::Device const&)
+        ("_ZN3c10lsERSoi", UNSTABLE_USE),  # an operator in c10 alone says nothing header-only
+        ("_ZN2at6nativeplERKN3c108BFloat16ES4_", UNSTABLE_USE),  # at::native::operator+(BFloat16...): libtorch
+        ("_ZN3c108toStringENS_10ScalarTypeE", HEADER_ONLY),
+        ("_ZN5torch6stable6TensorC1Ev", HEADER_ONLY),
+        ("_ZN4vllm6kernelIN3c108BFloat16EEEvPT_", HEADER_ONLY),
+        ("_ZN5mylib3fooEv", NO_TORCH_USE),
+    ],
+)
+def test_torch_use_of_operators_and_templates(name: str, use: int) -> None:
+    assert demangle(name) != name, "not a valid mangled name"
+    assert torch_use(name, shim_table()) == use
