@@ -170,7 +170,8 @@ void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, 
     g_cuda_launcher(params, stream);
     return;
   }
-  const int64_t items = int64_t(params.b) * params.h_k * ((params.seqlen_q + block_m_hint - 1) / block_m_hint);
+  const int64_t items = int64_t(params.b) * (params.h_k / cpu_kv_heads_per_item(params)) *
+                        ((params.seqlen_q + block_m_hint - 1) / block_m_hint);
   FLASH_REQUIRE(num_splits >= 0 && num_splits <= 128, "num_splits must be in [0, 128], got ", num_splits);
   params.num_splits = num_splits > 0 ? num_splits : num_splits_heuristic(items, params.seqlen_k, g_num_threads);
   std::vector<float> oaccum, lseaccum;

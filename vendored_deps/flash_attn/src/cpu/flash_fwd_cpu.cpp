@@ -30,6 +30,7 @@ struct Job {
   int block_m;     // query positions per item
   int n_mblocks;   // item blocks along the queries
   int dp;          // padded head dim
+  int kv_group;    // kv heads per item (all of them for decode: each page is then read once)
 };
 
 struct Scratch {
@@ -37,7 +38,7 @@ struct Scratch {
   std::vector<bf16_t> zeros;  // a zero key row for the tail of a partial tile
   const bf16_t* zero_row = nullptr;
   explicit Scratch(const Job& job) {
-    const int rows = job.block_m * job.p->h_h_k_ratio;
+    const int rows = job.block_m * job.p->h_h_k_ratio * job.kv_group;
     q.resize(size_t(rows) * job.dp);
     o.resize(size_t(rows) * job.dp);
     m.resize(rows);
@@ -66,14 +67,22 @@ inline void prefetch_tile(const Flash_fwd_params& p, int b, int hk, int t0, int 
   }
 }
 
+// Rows of an item: for each of its kv heads, its G query heads x mq query positions.
+struct RowMap {
+  int m0, G, per_head, hk0;
+  int pos(int r) const { return m0 + (r % per_head) / G; }
+  int head(int r) const { return (hk0 + r / per_head) * G + (r % per_head) % G; }
+};
+
 template <typename T>
-void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
+void attend(const Job& job, Scratch& sc, int b, int mb, int hk0, int split) {
   const Flash_fwd_params& p = *job.p;
   const BlockInfo seq = block_info(p, b);
   const int m0 = mb * job.block_m;
   if (m0 >= seq.sq) return;
   const int mq = std::min(job.block_m, seq.sq - m0);
-  const int G = p.h_h_k_ratio, R = mq * G, d = p.d, dp = job.dp;
+  const int G = p.h_h_k_ratio, PH = mq * G, nkv = job.kv_group, R = PH * nkv, d = p.d, dp = job.dp;
+  const RowMap map{m0, G, PH, hk0};
   // the block's rows see keys from the first row's lower bound to the last row's upper bound
   int lo = visible_keys(p, seq, m0).lo, hi = visible_keys(p, seq, m0 + mq - 1).hi;
   if (p.num_splits > 1) {
@@ -90,8 +99,7 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
   float* S = sc.s.data();
   const T* qrow[256];  // raw q rows (the bf16 dot reads them directly); R <= 256 by construction
   for (int r = 0; r < R; ++r) {
-    const int i = m0 + r / G, h = hk * G + r % G;
-    qrow[r] = q + seq.q_off + int64_t(i) * p.q_row_stride + int64_t(h) * p.q_head_stride;
+    qrow[r] = q + seq.q_off + int64_t(map.pos(r)) * p.q_row_stride + int64_t(map.head(r)) * p.q_head_stride;
     load_row(qrow[r], Q + size_t(r) * dp, d, dp);
     std::fill(O + size_t(r) * dp, O + size_t(r + 1) * dp, 0.f);
     sc.m[r] = kNegInf;
@@ -102,39 +110,40 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
     int t1 = std::min(hi, (t0 / kTileN + 1) * kTileN);
     if (p.block_table) t1 = std::min(t1, (t0 / p.page_block_size + 1) * p.page_block_size);  // one page per tile
     const int nk = t1 - t0;
-    const int64_t krow = kv_row(p, b, t0, false) + int64_t(hk) * p.k_head_stride;
-    const int64_t vrow = kv_row(p, b, t0, true) + int64_t(hk) * p.v_head_stride;
-    if (t1 < hi) prefetch_tile(p, b, hk, t1, std::min(hi, t1 + kTileN), k, v);  // the next page is anywhere
-    // scores S[r][jj] = q_r . k_j
+    const int64_t krow0 = kv_row(p, b, t0, false), vrow0 = kv_row(p, b, t0, true);
+    // scores S[r][jj] = q_r . k_j, kv head by kv head (the item's heads share each page)
+    for (int kvl = 0; kvl < nkv; ++kvl) {
+      const int hk = hk0 + kvl, r0 = kvl * PH, r1 = r0 + PH;
+      const int64_t krow = krow0 + int64_t(hk) * p.k_head_stride;
+      if (t1 < hi) prefetch_tile(p, b, hk, t1, std::min(hi, t1 + kTileN), k, v);  // the next page is anywhere
 #if defined(VENDORED_CPU_ISA_AVX512)
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      const T* krows[kTileN];
-      for (int jj = 0; jj < kTileN; ++jj) krows[jj] = jj < nk ? k + krow + int64_t(jj) * p.k_row_stride : sc.zero_row;
-      for (int r = 0; r < R; ++r) scores16_bf16(qrow[r], krows, d, S + r * kTileN);
-    } else {
-      for (int jj = 0; jj < kTileN; ++jj) {
-        float* dst = sc.kf.data() + size_t(jj) * dp;
-        if (jj < nk) load_row(k + krow + int64_t(jj) * p.k_row_stride, dst, d, dp);
-        else std::fill(dst, dst + dp, 0.f);
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        const T* krows[kTileN];
+        for (int jj = 0; jj < kTileN; ++jj) krows[jj] = jj < nk ? k + krow + int64_t(jj) * p.k_row_stride : sc.zero_row;
+        for (int r = r0; r < r1; ++r) scores16_bf16(qrow[r], krows, d, S + r * kTileN);
+      } else {
+        for (int jj = 0; jj < kTileN; ++jj) {
+          float* dst = sc.kf.data() + size_t(jj) * dp;
+          if (jj < nk) load_row(k + krow + int64_t(jj) * p.k_row_stride, dst, d, dp);
+          else std::fill(dst, dst + dp, 0.f);
+        }
+        for (int r = r0; r < r1; ++r) scores16_f32(Q + size_t(r) * dp, sc.kf.data(), dp, S + r * kTileN);
       }
-      for (int r = 0; r < R; ++r) scores16_f32(Q + size_t(r) * dp, sc.kf.data(), dp, S + r * kTileN);
-    }
 #else
-    for (int jj = 0; jj < nk; ++jj) load_row(k + krow + int64_t(jj) * p.k_row_stride, sc.kf.data() + size_t(jj) * dp, d, dp);
-    for (int r = 0; r < R; ++r)
-      for (int jj = 0; jj < nk; ++jj) S[r * kTileN + jj] = dot(Q + size_t(r) * dp, sc.kf.data() + size_t(jj) * dp, dp);
+      for (int jj = 0; jj < nk; ++jj) load_row(k + krow + int64_t(jj) * p.k_row_stride, sc.kf.data() + size_t(jj) * dp, d, dp);
+      for (int r = r0; r < r1; ++r)
+        for (int jj = 0; jj < nk; ++jj) S[r * kTileN + jj] = dot(Q + size_t(r) * dp, sc.kf.data() + size_t(jj) * dp, dp);
 #endif
+    }
     // online softmax update per row
     for (int r = 0; r < R; ++r) {
       float* s = S + r * kTileN;
-      const int i = m0 + r / G;
-      const KeyRange vis = visible_keys(p, seq, i);
-      const int rlo = vis.lo, rhi = vis.hi;
+      const KeyRange vis = visible_keys(p, seq, map.pos(r));
       float mt = kNegInf;
       for (int jj = 0; jj < kTileN; ++jj) {
         const int j = t0 + jj;
         float x = kNegInf;
-        if (jj < nk && j >= rlo && j < rhi) {
+        if (jj < nk && j >= vis.lo && j < vis.hi) {
           x = p.softcap > 0.f ? p.scale_softmax * std::tanh(s[jj] * p.softcap) : s[jj] * p.scale_softmax;
         }
         s[jj] = x;
@@ -156,17 +165,21 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk, int split) {
       sc.l[r] += sum;
       sc.m[r] = m_new;
     }
-    // O += P V (V rows converted once per tile, reused by the R rows)
-    for (int jj = 0; jj < nk; ++jj) load_row(v + vrow + int64_t(jj) * p.v_row_stride, sc.vf.data() + size_t(jj) * dp, d, dp);
-    for (int r = 0; r < R; ++r) {
-      if (sc.m[r] != kNegInf) pv_tile(S + r * kTileN, sc.vf.data(), nk, dp, O + size_t(r) * dp);
+    // O += P V (V rows converted once per tile and kv head, reused by that head's rows)
+    for (int kvl = 0; kvl < nkv; ++kvl) {
+      const int hk = hk0 + kvl, r0 = kvl * PH, r1 = r0 + PH;
+      const int64_t vrow = vrow0 + int64_t(hk) * p.v_head_stride;
+      for (int jj = 0; jj < nk; ++jj) load_row(v + vrow + int64_t(jj) * p.v_row_stride, sc.vf.data() + size_t(jj) * dp, d, dp);
+      for (int r = r0; r < r1; ++r) {
+        if (sc.m[r] != kNegInf) pv_tile(S + r * kTileN, sc.vf.data(), nk, dp, O + size_t(r) * dp);
+      }
     }
     t0 = t1;
   }
 
   // finalize: rows with no visible key give 0 (as upstream)
   for (int r = 0; r < R; ++r) {
-    const int i = m0 + r / G, h = hk * G + r % G;
+    const int i = map.pos(r), h = map.head(r);
     const float l = sc.l[r];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const float* orow = O + size_t(r) * dp;
@@ -191,11 +204,12 @@ void attend_items(void* ctx, int64_t begin, int64_t end) {
     int64_t rest = it;
     const int split = int(rest % p.num_splits);
     rest /= p.num_splits;
-    const int hk = int(rest % p.h_k);
-    rest /= p.h_k;
+    const int groups = p.h_k / job.kv_group;
+    const int hk0 = int(rest % groups) * job.kv_group;
+    rest /= groups;
     const int mb = int(rest % job.n_mblocks);
     const int b = int(rest / job.n_mblocks);
-    attend<T>(job, sc, b, mb, hk, split);
+    attend<T>(job, sc, b, mb, hk0, split);
   }
 }
 
@@ -237,12 +251,12 @@ void combine(void* ctx, int64_t begin, int64_t end) {
 
 template <typename T>
 void run_typed(const Flash_fwd_params& p, const CpuRun& run) {
-  Job job{&p, 1, 1, (p.d + kPad - 1) / kPad * kPad};
+  Job job{&p, 1, 1, (p.d + kPad - 1) / kPad * kPad, cpu_kv_heads_per_item(p)};
   // about 64 rows (query positions x heads of a group) per item: K/V rows are reused that often
   job.block_m = std::max(1, std::min(p.seqlen_q, 64 / std::max(1, p.h_h_k_ratio)));
   job.block_m = std::min(job.block_m, std::max(1, 256 / p.h_h_k_ratio));
   job.n_mblocks = (p.seqlen_q + job.block_m - 1) / job.block_m;
-  const int64_t items = int64_t(p.b) * job.n_mblocks * p.h_k * p.num_splits;
+  const int64_t items = int64_t(p.b) * job.n_mblocks * (p.h_k / job.kv_group) * p.num_splits;
   if (run.parallel_for) run.parallel_for(items, 1, &job, &attend_items<T>);
   else attend_items<T>(&job, 0, items);
   if (p.num_splits > 1) {
