@@ -16,6 +16,8 @@ def fused_muladd(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
 
     float32, bfloat16 and float16 (math in float32, one rounding), and float64 (math in float64).
     """
+    if torch.is_inference_mode_enabled():  # autograd keys are excluded already: no guard needed
+        return _fused_muladd(a, b, c)
     grad = torch.is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False))
     if grad or torch.compiler.is_compiling():
         return _fused_muladd(a, b, c)
