@@ -16,10 +16,9 @@ def fused_muladd(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
 
     float32, bfloat16 and float16 (math in float32, one rounding), and float64 (math in float64).
     """
-    if torch.is_inference_mode_enabled():  # autograd keys are excluded already: no guard needed
+    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():  # (inference: no autograd keys)
         return _fused_muladd(a, b, c)
-    grad = torch.is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False))
-    if grad or torch.compiler.is_compiling():
+    if torch.is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)):
         return _fused_muladd(a, b, c)
     # No gradient can flow: skip the Python autograd kernel (a private torch API; see keel._compat).
     with _compat.below_autograd():
