@@ -3,7 +3,8 @@
 A torch release may remove or change any of these without notice. keel then loses speed, never
 correctness: each function here looks the private API up at call time, and when it is missing or
 fails, does the same job with public API. tests/test_compat.py removes each private API and
-checks that the fallback gives the same result. A flat module of small functions, on purpose.
+checks that the fallback gives the same result (tests/vendored covers registered_schemas). A flat
+module of small functions, on purpose.
 
 `torch._check` is documented (torch docs, "torch._check") as the way to state a condition on
 possibly symbolic sizes in fake implementations; it is routed through `check` anyway, so that
@@ -13,7 +14,8 @@ keel names every underscored torch symbol it touches in this one file.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +95,45 @@ def cpu_has_native_bf16() -> bool:
             pass
     flags = _cpuinfo_flags()
     return "avx512_bf16" in flags or "amx_tile" in flags
+
+
+@dataclass(frozen=True, slots=True)
+class OpSchema:
+    """One registered operator overload: `ns::name.overload(arg types...)`."""
+
+    name: str  # "ns::op"
+    overload: str  # "" for the default overload
+    arg_types: tuple[tuple[str, str], ...]  # (argument name, type as torch prints it: "int", "Optional[Tensor]")
+    text: str  # the schema as torch prints it
+
+
+def _from_function_schema(schema) -> OpSchema:
+    return OpSchema(
+        schema.name,
+        schema.overload_name,
+        tuple((a.name, str(a.type)) for a in schema.arguments),
+        str(schema),
+    )
+
+
+def registered_schemas(prefix: str, known_ops: Mapping[str, Iterable[str]]) -> list[OpSchema]:
+    """Every operator schema of the namespaces whose name starts with `prefix`.
+
+    Private path: torch's registry of all schemas (finds ops nobody told us about). Fallback:
+    the overloads of the ops listed in `known_ops` ({namespace: op names}) through `torch.ops`."""
+    getter = private(torch._C, "_jit_get_all_schemas")
+    if getter is not None:
+        try:
+            return sorted(
+                (_from_function_schema(s) for s in getter() if s.name.split("::")[0].startswith(prefix)),
+                key=lambda s: (s.name, s.overload),
+            )
+        except Exception:  # noqa: BLE001 - a changed private API: use the public walk instead
+            pass
+    found: list[OpSchema] = []
+    for ns, ops in known_ops.items():
+        for op in ops:
+            packet = getattr(getattr(torch.ops, ns), op)
+            for overload in packet.overloads():
+                found.append(_from_function_schema(getattr(packet, overload)._schema))
+    return sorted(found, key=lambda s: (s.name, s.overload))
