@@ -105,7 +105,7 @@ def _mutate(rng: random.Random, torch: Any, schema_args: list[tuple[str, str]], 
             elif roll < 0.8:
                 j = rng.randrange(len(args))  # alias: another tensor argument again, or a view of it
                 other = args[j]
-                if "Tensor" in schema_args[j][1] and other is not None:
+                if isinstance(other, torch.Tensor):
                     same_shape = other.shape == v.shape and rng.random() < 0.5
                     args[i] = other.view(v.shape) if same_shape and other.is_contiguous() else other
             elif roll < 0.9:
