@@ -1,6 +1,6 @@
 """Benchmark keel vs transformers `generate`: prefill and decode tokens/s at several batch sizes, peak memory.
 
-    python scripts/bench_generate.py --model HuggingFaceTB/SmolLM2-135M-Instruct --dtype bf16
+    python scripts/bench_generate.py --dtype bf16    # the default model (keel.hf.resolve.DEFAULT_MODEL)
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random   # same shapes, random weights
 
 Each engine runs in its own subprocess so that peak memory (max RSS, or CUDA max allocated) is its own; each
