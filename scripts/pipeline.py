@@ -168,6 +168,15 @@ def audit(env: Path, wheel: Path, target: str) -> tuple[str, str]:
     return doc["verdict"], doc["torch_floor"]
 
 
+def torch_install_error(torch: str, python: str, pip_output: str, log: Path) -> PipelineError:
+    """What pip said when torch==`torch` would not install, and what to do about it."""
+    said = [ln for ln in pip_output.splitlines() if ln.startswith("ERROR")] or pip_output.splitlines()[-3:]
+    return PipelineError(
+        f"torch=={torch} cannot be installed for Python {python_version(python)}: {' | '.join(said)[:600]}. "
+        f"See what the indexes offer with `PIP_CONSTRAINT=/dev/null {python} -m pip index versions torch`, "
+        f"then choose another --targets entry (or --pythons). Log: {log}")
+
+
 def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: bool, tag: str) -> None:
     """A virtual environment with exactly torch==`torch`, keel's runtime requirements and pytest."""
     if fresh and env.exists():
@@ -179,11 +188,7 @@ def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: 
         proc = run([str(env / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", f"torch=={torch}"],
                    f"{tag}-torch", check=False)
         if proc.returncode != 0:
-            said = [ln for ln in proc.stdout.splitlines() if ln.startswith("ERROR")] or proc.stdout.splitlines()[-3:]
-            raise PipelineError(
-                f"torch=={torch} cannot be installed for Python {python_version(python)}: {' | '.join(said)[:600]}. "
-                f"See what the indexes offer with `PIP_CONSTRAINT=/dev/null {python} -m pip index versions torch`, "
-                f"then choose another --targets entry (or --pythons). Log: {log_path(tag + '-torch')}")
+            raise torch_install_error(torch, python, proc.stdout, log_path(f"{tag}-torch"))
     run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, "pytest"], f"{tag}-deps")
 
 
