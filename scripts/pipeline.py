@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-python", default=os.environ.get("PYTHON", "python3.11"))
     ap.add_argument("--below-floor", default="2.9.1", help="a torch under the floor that must be refused ('' skips)")
     ap.add_argument("--reuse-envs", action="store_true", help="keep existing .venv-pipe-* environments")
+    ap.add_argument("--build-env", type=Path, help="torch A's environment (default .venv for 2.13.0)")
     ap.add_argument("--wheel", type=Path, help="use this wheel instead of building one (still audited)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -321,9 +322,16 @@ def main(argv: list[str] | None = None) -> int:
 
     build_python = resolve_python(args.build_python)
     build_py = python_version(build_python)
-    build_env = ROOT / (".venv" if args.torch_a == "2.13.0" else f".venv-pipe-py{build_py}-torch{args.torch_a}")
+    build_env = args.build_env.resolve() if args.build_env else (
+        ROOT / (".venv" if args.torch_a == "2.13.0" else f".venv-pipe-py{build_py}-torch{args.torch_a}"))
     try:
-        wheel = args.wheel.resolve() if args.wheel else build(args.torch_a, build_env, build_python)
+        built_wheel = args.wheel.resolve() if args.wheel else build(args.torch_a, build_env, build_python)
+        # every environment gets this copy: a rebuild into dist/ meanwhile cannot change what is tested
+        wheel = LOGS / "wheel" / built_wheel.name
+        wheel.parent.mkdir(parents=True, exist_ok=True)
+        for old in wheel.parent.glob("*.whl"):
+            old.unlink()
+        shutil.copy2(built_wheel, wheel)
         built, requires = wheel_facts(wheel)
         if not args.wheel:
             check_build_tree(built)
