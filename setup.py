@@ -98,7 +98,17 @@ class AuditedWheel(bdist_wheel):
             raise SystemExit(f"keel: audit of {', '.join(p.name for p in libs)} failed "
                              f"(target torch {TORCH_TARGET}); wheel not built")
         self.torch_requirement = f"torch>={result.torch_floor}"
+        self.glibc_floor = result.glibc_max  # the platform tag (get_tag) follows the audited glibc floor
         super().run()
+
+    def get_tag(self) -> tuple[str, str, str]:
+        # linux_<arch> -> manylinux_<glibc>_<arch>: the newest glibc symbol version the audit found
+        # in the wheel's libraries (`auditwheel show` computes the same constraint).
+        impl, abi, plat = super().get_tag()
+        glibc = getattr(self, "glibc_floor", None)
+        if glibc and plat.startswith("linux_"):
+            plat = f"manylinux_{glibc.replace('.', '_')}_{plat.removeprefix('linux_')}"
+        return impl, abi, plat
 
     def write_wheelfile(self, wheelfile_base: str, *args, **kwargs) -> None:
         # Called once the wheel's dist-info exists (however setuptools produced it): add the

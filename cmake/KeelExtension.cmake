@@ -11,6 +11,21 @@
 set(KEEL_CXX_FLAGS -O3 -fvisibility=hidden -fvisibility-inlines-hidden -fopenmp-simd
     -Wall -Wextra -Wno-unused-parameter)
 
+# ---- reproducible builds ------------------------------------------------------
+# No path of the build machine in any library (torch's and keel's __FILE__ strings, debug
+# info): the source tree, the build tree and torch's headers are renamed to relative,
+# fixed prefixes, so two builds of one commit with one build torch are byte-identical
+# wherever they run. The last matching map wins in gcc, hence torch's (maybe inside the
+# source tree, as .venv) comes last. Applies to every target defined after this point
+# (C/C++ directly, CUDA through nvcc's host compiler).
+set(KEEL_REPRO_FLAGS
+  "-ffile-prefix-map=${PROJECT_SOURCE_DIR}/="
+  "-ffile-prefix-map=${PROJECT_BINARY_DIR}/=build/"
+  "-ffile-prefix-map=${TORCH_ROOT}/=torch/")
+foreach(_flag IN LISTS KEEL_REPRO_FLAGS)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${_flag}>" "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${_flag}>")
+endforeach()
+
 function(keel_add_cpu_kernels name)
   cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
   foreach(isa base avx2)

