@@ -117,6 +117,7 @@ RUNTIME_REQUIRES = [
     "jinja2>=3.1",
     "tqdm",
     "pyelftools>=0.31",
+    "fastapi>=0.115", "uvicorn>=0.30",  # `keel serve`
 ]
 
 setup(

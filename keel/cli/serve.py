@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="Hugging Face repo id or local folder (default: keel's demo model)")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
     p.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: --model)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16"))
+    p.add_argument("--dtype", default="auto", help="auto: bf16 where supported, else fp32",
+                   choices=("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16"))
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     p.add_argument("--port", type=int, default=8000)

@@ -10,7 +10,7 @@ import urllib.request
 
 import openai
 import pytest
-from serve_helpers import MODEL_NAME, needs_ops, start_server
+from serve_helpers import MODEL_NAME, StepControl, needs_ops, start_server
 
 pytestmark = needs_ops
 
@@ -108,7 +108,7 @@ def test_body_size_limit_413(served):
 def test_overloaded_503_then_recovers(tiny_model):
     """A bounded queue: with 1 running + 1 waiting admitted, a third concurrent request gets 503."""
     from keel.entrypoints.openai.api_server import ServerLimits
-    from serve_helpers import StepControl
+
 
     served = start_server(tiny_model, engine_kwargs={"max_num_seqs": 1}, limits=ServerLimits(max_waiting=1))
     control = StepControl(served.engine.engine)

@@ -203,14 +203,16 @@ class AsyncEngine:
                 self.engine.abort_request(rid)
             self._fail_all(exc)
             return
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
         for out in outputs:
             route = self._routes.get(out.request_id)
             if route is None:  # aborted meanwhile
                 continue
             if out.finished:
                 del self._routes[out.request_id]
-            loop, outq = route
-            loop.call_soon_threadsafe(outq.put_nowait, out)
+            batches.setdefault(route[0], []).append((route[1], out))
+        for loop, items in batches.items():  # one wake-up of each loop per step, not one per output
+            loop.call_soon_threadsafe(_deliver, items)
 
     def _snapshot(self) -> None:
         """Publish the engine's metrics (read by /metrics on the event loop) and the token rate."""
@@ -232,6 +234,11 @@ class AsyncEngine:
         for loop, outq in {id(q): (lp, q) for lp, q in self._routes.values()}.values():
             loop.call_soon_threadsafe(outq.put_nowait, exc)
         self._routes.clear()
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for outq, out in items:
+        outq.put_nowait(out)
 
 
 def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:

@@ -11,6 +11,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from keel import __version__ as keel_version
+
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
@@ -60,6 +64,9 @@ def render_prometheus(model: str, engine_metrics: Any, stats: ServerStats, token
     """The whole `/metrics` page."""
     m, lab = engine_metrics, f'model_name="{_escape(model)}"'
     lines: list[str] = []
+    lines += ["# HELP keel_build_info keel and the torch it runs on (the same wheel serves several torch releases).",
+              "# TYPE keel_build_info gauge",
+              f'keel_build_info{{{lab},keel_version="{keel_version}",torch_version="{torch.__version__}"}} 1']
 
     def metric(name: str, kind: str, help_: str, value: float, labels: str = lab) -> None:
         lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"])
