@@ -9,10 +9,16 @@ ignore_eos) to /v1/completions; output tokens/s = all output tokens / wall time 
 last token. Offline: `LLM.generate` of the same N prompts in this process (the server runs in its own
 process, `keel serve`, started by this script). Measurements alternate offline / server and the best of
 --repeats is kept (shared CPUs are noisy); TTFT and inter-token latency come from the best server run.
+CPU seconds per 1k output tokens (the server process's, from /proc; the offline process's) is the figure
+that an oversubscribed machine distorts least.
 
 Prefix caching: a chat of about --chat-tokens tokens (system + user turn), one answer, then a second user
 turn; the second turn's time to first token on a server with prefix caching against one started with
 --no-prefix-caching (fresh conversation per repeat, median of --repeats).
+
+OMP_WAIT_POLICY defaults to PASSIVE here (for this process and the server): on an oversubscribed machine,
+OpenMP's spinning worker threads made the offline loop on the main thread up to 10x slower than the same
+loop on another thread (the server's engine thread), which would skew the comparison.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see above)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_generate import prompts_for  # noqa: E402  (the same prompts as the generate benchmark)
@@ -130,27 +137,37 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def server_run(port: int, prompts: list[list[int]], new_tokens: int) -> dict:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_run(port: int, prompts: list[list[int]], new_tokens: int, pid: int | None = None) -> dict:
     async def run() -> tuple[float, list[Timing]]:
         t0 = time.perf_counter()
         body = {"model": "m", "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
         timings = await asyncio.gather(*(stream(port, "/v1/completions", {**body, "prompt": p}) for p in prompts))
         return time.perf_counter() - t0, timings
 
+    cpu0 = process_cpu_s(pid) if pid else 0.0
     wall, timings = asyncio.run(run())
+    cpu = process_cpu_s(pid) - cpu0 if pid else float("nan")
     tokens = sum(t.usage["completion_tokens"] for t in timings)
     assert tokens == len(prompts) * new_tokens, tokens
     gaps = [g for t in timings for g in t.gaps()]
-    return {"tok_s": tokens / wall, "ttft": [t.ttft_s for t in timings], "itl": gaps}
+    return {"tok_s": tokens / wall, "ttft": [t.ttft_s for t in timings], "itl": gaps,
+            "cpu_per_ktok": 1e3 * cpu / tokens}
 
 
 def offline_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
     from keel.engine import SamplingParams
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
-    wall = time.perf_counter() - t0
-    return {"tok_s": sum(len(o.token_ids) for o in outs) / wall, "ttft": [o.ttft_s for o in outs]}
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    tokens = sum(len(o.token_ids) for o in outs)
+    return {"tok_s": tokens / wall, "ttft": [o.ttft_s for o in outs], "cpu_per_ktok": 1e3 * cpu / tokens}
 
 
 def conversation(seed: int, tokens: int) -> list[dict]:
@@ -196,7 +213,8 @@ def main() -> None:
     import torch
 
     print(f"model {args.model}, dtype {args.dtype}, prompt {args.prompt_len} tokens, {args.new_tokens} new "
-          f"tokens (ignore_eos), torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+          f"tokens (ignore_eos), torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}", flush=True)
     if not args.skip_throughput:
         from keel.engine import LLM, SamplingParams
 
@@ -212,19 +230,20 @@ def main() -> None:
                 best_off, best_srv = None, None
                 for _ in range(args.repeats):
                     off = offline_run(llm, prompts, args.new_tokens)
-                    srv = server_run(port, prompts, args.new_tokens)
+                    srv = server_run(port, prompts, args.new_tokens, proc.pid)
                     best_off = off if best_off is None or off["tok_s"] > best_off["tok_s"] else best_off
                     best_srv = srv if best_srv is None or srv["tok_s"] > best_srv["tok_s"] else best_srv
-                    print(f"  clients {n}: offline {off['tok_s']:.1f} tok/s, server {srv['tok_s']:.1f} tok/s",
-                          flush=True)
+                    print(f"  clients {n}: offline {off['tok_s']:.1f} tok/s ({off['cpu_per_ktok']:.2f} CPU s per 1k "
+                          f"tokens), server {srv['tok_s']:.1f} tok/s ({srv['cpu_per_ktok']:.2f})", flush=True)
                 rows.append((n, best_off, best_srv))
         finally:
             stop_server(proc)
-        print("\n| clients | offline tok/s | server tok/s | server / offline | TTFT p50 ms | TTFT p99 ms "
-              "| offline TTFT p50 ms | ITL p50 ms | ITL p99 ms |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("\n| clients | offline tok/s | server tok/s | server / offline | CPU s / 1k tok offline | server "
+              "| TTFT p50 ms | TTFT p99 ms | offline TTFT p50 ms | ITL p50 ms | ITL p99 ms |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for n, off, srv in rows:
             print(f"| {n} | {off['tok_s']:.1f} | {srv['tok_s']:.1f} | {srv['tok_s'] / off['tok_s']:.2f} "
+                  f"| {off['cpu_per_ktok']:.2f} | {srv['cpu_per_ktok']:.2f} "
                   f"| {1e3 * pct(srv['ttft'], 0.5):.0f} | {1e3 * pct(srv['ttft'], 0.99):.0f} "
                   f"| {1e3 * pct(off['ttft'], 0.5):.0f} | {1e3 * pct(srv['itl'], 0.5):.1f} "
                   f"| {1e3 * pct(srv['itl'], 0.99):.1f} |")

@@ -93,7 +93,9 @@ class Served:
             if idle and m["keel_num_requests_waiting"] == 0 and self.engine.num_open == 0:
                 return m
             if time.monotonic() > deadline:
-                raise AssertionError(f"server not idle after {timeout} s: {m}, open streams {self.engine.num_open}")
+                gauges = {k.removeprefix("keel_"): m[k] for k in ("keel_kv_cache_blocks_used", "keel_num_requests_running",
+                                                                   "keel_num_requests_waiting")}
+                raise AssertionError(f"server not idle after {timeout} s: {gauges}, open streams {self.engine.num_open}")
             time.sleep(0.02)
 
     def server_tasks(self) -> int:

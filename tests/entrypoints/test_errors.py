@@ -123,8 +123,8 @@ def test_overloaded_503_then_recovers(tiny_model):
         deadline = time.monotonic() + 10
         while served.engine.num_open < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        with pytest.raises(openai.APIStatusError) as info:
-            served.client().completions.create(**kw)
+        with pytest.raises(openai.APIStatusError) as info:  # a timeout (not admitted: waits) fails this too
+            served.client(timeout=10).completions.create(**kw)
         assert info.value.status_code == 503 and "overloaded" in error_of(info.value)["message"]
         control.resume()
         for w in workers:
