@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -185,6 +186,17 @@ class OpenAIServing:
         except (ValueError, TypeError) as exc:
             raise bad_request(str(exc)) from exc
         return Generation(self, rid, stream, choices, arrival)
+
+    async def respond(self, raw: Request, req: SamplingRequest, gen: Generation,
+                      events: Callable[[], AsyncIterator[str]], body: Callable[[], Any]) -> Response:
+        """The answer: SSE from `events()` when streaming, else `body()` once the generation is complete."""
+        if req.stream:
+            return SSEResponse(guarded_events(events()), gen.close)
+        try:
+            await self.collect(raw, gen)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it: the client is gone
+        return JSONResponse(body().model_dump())
 
     async def collect(self, raw: Request, gen: Generation) -> None:
         """Run `gen` to the end; abort it (ClientGone) if the client disconnects first."""

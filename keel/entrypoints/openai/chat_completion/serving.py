@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from keel.entrypoints.openai.chat_completion.protocol import (
     ChatCompletionChoice,
@@ -17,15 +17,7 @@ from keel.entrypoints.openai.chat_completion.protocol import (
     DeltaMessage,
 )
 from keel.entrypoints.openai.errors import bad_request
-from keel.entrypoints.openai.serving_engine import (
-    SSE_DONE,
-    ClientGone,
-    Generation,
-    OpenAIServing,
-    SSEResponse,
-    guarded_events,
-    sse,
-)
+from keel.entrypoints.openai.serving_engine import SSE_DONE, Generation, OpenAIServing, sse
 
 
 class OpenAIServingChat:
@@ -41,21 +33,14 @@ class OpenAIServingChat:
             raise bad_request(f"cannot apply the model's chat template: {exc}", "messages") from exc
         max_tokens = s.max_tokens_for(req, req.max_new_tokens, len(ids), default=None)
         gen = await s.start("chatcmpl", req, [ids], [max_tokens])
-        if req.stream:
-            return SSEResponse(guarded_events(self._events(req, gen)), gen.close)
-        try:
-            await s.collect(raw, gen)
-        except ClientGone:
-            return Response(status_code=499)
-        body = ChatCompletionResponse(
+        return await s.respond(raw, req, gen, lambda: self._events(req, gen), lambda: ChatCompletionResponse(
             id=gen.request_id,
             created=gen.created,
             model=req.model,
             choices=[ChatCompletionChoice(index=c.index, message=ChatCompletionMessage(content=c.text),
                                           finish_reason=c.finish_reason) for c in gen.ordered()],
             usage=gen.usage(),
-        )
-        return JSONResponse(body.model_dump())
+        ))
 
     async def _events(self, req: ChatCompletionRequest, gen: Generation) -> AsyncIterator[str]:
         usage = {"usage": None} if req.include_usage else {}

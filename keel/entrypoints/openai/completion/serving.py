@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from keel.entrypoints.openai.completion.protocol import (
     CompletionChoice,
@@ -13,15 +13,7 @@ from keel.entrypoints.openai.completion.protocol import (
     CompletionResponse,
     CompletionStreamResponse,
 )
-from keel.entrypoints.openai.serving_engine import (
-    SSE_DONE,
-    ClientGone,
-    Generation,
-    OpenAIServing,
-    SSEResponse,
-    guarded_events,
-    sse,
-)
+from keel.entrypoints.openai.serving_engine import SSE_DONE, Generation, OpenAIServing, sse
 
 
 class OpenAIServingCompletion:
@@ -41,21 +33,14 @@ class OpenAIServingCompletion:
             prompts.append(ids)
         max_tokens = [s.max_tokens_for(req, req.max_tokens, len(ids), default=16) for ids in prompts]
         gen = await s.start("cmpl", req, prompts, max_tokens)
-        if req.stream:
-            return SSEResponse(guarded_events(self._events(req, gen)), gen.close)
-        try:
-            await s.collect(raw, gen)
-        except ClientGone:
-            return Response(status_code=499)
-        body = CompletionResponse(
+        return await s.respond(raw, req, gen, lambda: self._events(req, gen), lambda: CompletionResponse(
             id=gen.request_id,
             created=gen.created,
             model=req.model,
             choices=[CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason)
                      for c in gen.ordered()],
             usage=gen.usage(),
-        )
-        return JSONResponse(body.model_dump())
+        ))
 
     async def _events(self, req: CompletionRequest, gen: Generation) -> AsyncIterator[str]:
         rid = gen.request_id
