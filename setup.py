@@ -129,6 +129,7 @@ RUNTIME_REQUIRES = [
     "huggingface_hub>=0.23",
     "jinja2>=3.1",
     "tqdm",
+    "fastapi>=0.115", "uvicorn>=0.30",  # `keel serve`
 ]
 
 setup(

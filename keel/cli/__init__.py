@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # verb modules, in the order `keel --help` lists them
-_VERBS = ("generate", "chat", "models", "audit")
+_VERBS = ("generate", "chat", "serve", "models", "audit")
 
 
 def build_parser() -> argparse.ArgumentParser:

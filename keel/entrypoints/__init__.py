@@ -1,0 +1,1 @@
+"""Network entry points of keel (today: the OpenAI-compatible server of `keel serve`)."""

@@ -1,0 +1,70 @@
+"""`POST /v1/completions`: request, response and stream chunk, as in OpenAI's legacy completions API."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from keel.entrypoints.openai.protocol import ResponseModel, SamplingRequest, UsageInfo
+
+MAX_PROMPTS = 64  # prompts in one request
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + ("echo", "suffix")
+
+    @model_validator(mode="after")
+    def _check_prompt(self) -> CompletionRequest:
+        prompts = self.prompts
+        if not prompts:
+            raise ValueError("prompt must not be empty")
+        if len(prompts) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("prompt must not be empty (no empty string or token list)")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported by keel serve (only best_of == n is accepted)")
+        return self
+
+    @property
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompt(s) as a list: strings or token-id lists."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+
+class CompletionChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: Any = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class CompletionResponse(ResponseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class CompletionStreamResponse(ResponseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None

@@ -1,0 +1,250 @@
+"""`AsyncEngine`: the single-threaded `LLMEngine` driven from one background thread, for asyncio callers.
+
+The engine is not thread-safe, so exactly one thread touches it. Callers on the event loop send
+commands (add / abort / stop) through a thread-safe queue that the engine thread drains between
+steps; each step's outputs go back to the owning request's `asyncio.Queue` with
+`loop.call_soon_threadsafe`. A request counts against the admission bound from the moment it is
+accepted until its stream is closed, which bounds the engine's waiting queue (`Overloaded`: 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from keel.entrypoints.openai.stats import ServerStats
+
+
+class Overloaded(RuntimeError):
+    """More requests are in flight than the server admits (running + waiting bound)."""
+
+
+class EngineDead(RuntimeError):
+    """The engine thread has stopped; no request can be served."""
+
+
+@dataclass(slots=True)
+class _Add:
+    ids: list[str]
+    prompts: list[list[int]]
+    params: list[Any]
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+    added: asyncio.Future
+
+
+@dataclass(slots=True)
+class _Abort:
+    ids: list[str]
+
+
+_STOP = object()
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """The outputs of one API request's sub-requests (one per choice), interleaved as they come.
+
+    Iterating yields engine `RequestOutput`s until every sub-request has finished; `close()` (also
+    called on any exit of `AsyncEngine.open`) aborts whatever is unfinished and releases the
+    admission slot. Safe to call more than once.
+    """
+
+    engine: AsyncEngine
+    ids: list[str]
+    outputs: asyncio.Queue
+    unfinished: set[str] = field(default_factory=set)
+    closed: bool = False
+
+    def __post_init__(self) -> None:
+        self.unfinished = set(self.ids)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        while self.unfinished:
+            out = await self.outputs.get()
+            if isinstance(out, BaseException):
+                raise out
+            if out.finished:
+                self.unfinished.discard(out.request_id)
+            yield out
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.unfinished:
+            self.engine._commands.put(_Abort(sorted(self.unfinished)))
+            self.engine.stats.aborted += len(self.unfinished)
+            self.unfinished.clear()
+        self.engine._admitted -= len(self.ids)
+        self.engine._open.discard(self)
+
+
+class AsyncEngine:
+    """Owns an `LLMEngine` (or anything with its add_request / abort_request / step API) in one thread."""
+
+    def __init__(self, engine: Any, *, max_admitted: int, rate_window_s: float = 10.0) -> None:
+        if max_admitted < 1:
+            raise ValueError(f"AsyncEngine: max_admitted must be >= 1, got {max_admitted}")
+        self.engine = engine
+        self.max_admitted = max_admitted
+        self.stats = ServerStats()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._admitted = 0  # event-loop side: sub-requests accepted and not yet closed
+        self._open: set[RequestStream] = set()
+        self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # engine thread only
+        self._rate_window_s = rate_window_s
+        self._rate_samples: deque[tuple[float, int]] = deque()
+        self.metrics_snapshot = engine.metrics()
+        self.tokens_per_s = 0.0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="keel-engine", daemon=True)
+        self._thread.start()
+
+    # ---- event-loop side ------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def num_open(self) -> int:
+        """Sub-requests admitted and not closed (what the admission bound counts)."""
+        return self._admitted
+
+    async def open(self, ids: list[str], prompts: list[list[int]], params: list[Any]) -> RequestStream:
+        """Admit and add sub-requests (all or none); raises Overloaded, EngineDead or the engine's ValueError."""
+        if not self.alive:
+            raise EngineDead(f"the engine thread has stopped: {self.error!r}")
+        if self._admitted + len(ids) > self.max_admitted:
+            self.stats.rejected += 1
+            raise Overloaded(
+                f"the server is overloaded: {self._admitted} requests are in flight and it admits "
+                f"{self.max_admitted} (running + waiting); retry later"
+            )
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(self, ids, asyncio.Queue())
+        self._admitted += len(ids)
+        self._open.add(stream)
+        added = loop.create_future()
+        try:
+            self._commands.put(_Add(ids, prompts, params, loop, stream.outputs, added))
+            await added
+        except BaseException:
+            if added.done() and not added.cancelled() and added.exception() is not None:
+                stream.unfinished.clear()  # nothing was added: no abort needed
+            stream.close()
+            raise
+        return stream
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Abort everything, stop the engine thread and wait for it."""
+        self._commands.put(_STOP)
+        self._thread.join(timeout)
+
+    # ---- engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                busy = self.engine.has_unfinished_requests()
+                commands = [self._commands.get()] if not busy else []
+                while True:
+                    try:
+                        commands.append(self._commands.get_nowait())
+                    except queue.Empty:
+                        break
+                if any(c is _STOP for c in commands):
+                    self._abort_all()
+                    return
+                for cmd in commands:
+                    self._apply(cmd)
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                self._snapshot()
+        except BaseException as exc:  # a broken engine: fail every waiting caller, then stop
+            self.error = exc
+            self._fail_all(exc)
+
+    def _apply(self, cmd: Any) -> None:
+        if isinstance(cmd, _Abort):
+            for rid in cmd.ids:
+                self._routes.pop(rid, None)
+                self.engine.abort_request(rid)
+            return
+        done: list[str] = []
+        try:
+            for rid, prompt, params in zip(cmd.ids, cmd.prompts, cmd.params, strict=True):
+                self.engine.add_request(rid, prompt, params)
+                done.append(rid)
+        except (ValueError, TypeError) as exc:  # bad request: undo the ones already added
+            for rid in done:
+                self.engine.abort_request(rid)
+            cmd.loop.call_soon_threadsafe(_resolve, cmd.added, exc)
+            return
+        for rid in done:
+            self._routes[rid] = (cmd.loop, cmd.outputs)
+        cmd.loop.call_soon_threadsafe(_resolve, cmd.added, None)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # fail the requests in flight, free their blocks, keep serving
+            for rid in list(self._routes):
+                self.engine.abort_request(rid)
+            self._fail_all(exc)
+            return
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+        for out in outputs:
+            route = self._routes.get(out.request_id)
+            if route is None:  # aborted meanwhile
+                continue
+            if out.finished:
+                del self._routes[out.request_id]
+            batches.setdefault(route[0], []).append((route[1], out))
+        for loop, items in batches.items():  # one wake-up of each loop per step, not one per output
+            loop.call_soon_threadsafe(_deliver, items)
+
+    def _snapshot(self) -> None:
+        """Publish the engine's metrics (read by /metrics on the event loop) and the token rate."""
+        m = self.engine.metrics()
+        now = time.monotonic()
+        self._rate_samples.append((now, m.generation_tokens_total))
+        while len(self._rate_samples) > 2 and now - self._rate_samples[1][0] >= self._rate_window_s:
+            self._rate_samples.popleft()
+        t0, n0 = self._rate_samples[0]
+        self.tokens_per_s = (m.generation_tokens_total - n0) / (now - t0) if now > t0 else 0.0
+        self.metrics_snapshot = m
+
+    def _abort_all(self) -> None:
+        for rid in list(self._routes):
+            self.engine.abort_request(rid)
+        self._fail_all(EngineDead("the server is shutting down"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for loop, outq in {id(q): (lp, q) for lp, q in self._routes.values()}.values():
+            loop.call_soon_threadsafe(outq.put_nowait, exc)
+        self._routes.clear()
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Any]]) -> None:
+    for outq, out in items:
+        outq.put_nowait(out)
+
+
+def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:
+    if fut.done():  # the caller was cancelled meanwhile
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)

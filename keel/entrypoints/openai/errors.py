@@ -1,0 +1,84 @@
+"""Errors in OpenAI's body (`{"error": {"message", "type", "param", "code"}}`) with the right status.
+
+Every failure the server reports goes through `APIError`; the handlers here turn FastAPI's own
+failures (malformed JSON, schema violations, unknown routes) into the same shape, with 400 where
+FastAPI would say 422.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("keel.serve")
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 503: "server_error", 500: "server_error"}
+
+
+class APIError(Exception):
+    """An error the API reports to its client."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = _TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One readable line per problem, `field: what was wrong`, and the first offending field."""
+    parts, first = [], None
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        where = ".".join(loc)
+        if err.get("type") == "json_invalid":
+            return f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}", None
+        if err.get("type") == "model_attributes_type" and not loc:
+            return "the request body must be a JSON object", None
+        first = first or (where or None)
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            msg = "is not a supported parameter"
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts) or "invalid request", first
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Route every error the app can raise into OpenAI's error body."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return APIError(400, message, param=param, code="invalid_request").response()
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _bad_json(_request: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return APIError(400, f"the request body is not valid JSON: {exc}").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return APIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("keel serve: internal error")
+        return APIError(500, f"internal server error: {type(exc).__name__}: {exc}").response()

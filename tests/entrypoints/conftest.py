@@ -1,0 +1,37 @@
+"""Fixtures of the server tests: a tiny offline checkpoint and one server per module over the real engine."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `serve_helpers` under pytest's importlib mode
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+
+from serve_helpers import Served, StepControl, build_tiny_model, start_server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("serve_model"))
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model: Path) -> Iterator[Served]:
+    """One server for a test module (the tiny model, fp32, 4-token blocks)."""
+    s = start_server(tiny_model)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def steps(served: Served) -> Iterator[StepControl]:
+    """Pause or slow the served engine's steps for one test."""
+    control = StepControl(served.engine.engine)
+    yield control
+    control.restore()

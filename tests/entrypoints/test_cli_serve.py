@@ -1,0 +1,29 @@
+"""`keel serve` as a process: it starts, answers the openai client, stops on SIGINT, and answers the same
+after a restart (the mechanism of scripts/serve_upgrade.py, here on one torch)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from serve_helpers import needs_ops
+
+pytestmark = needs_ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import serve_upgrade  # noqa: E402
+
+
+def test_keel_serve_restart_answers_the_same(tiny_model):
+    first = serve_upgrade.serve_and_ask(sys.executable, str(tiny_model), max_tokens=8)
+    second = serve_upgrade.serve_and_ask(sys.executable, str(tiny_model), max_tokens=8)
+    assert first["exit_code"] == 0 and second["exit_code"] == 0  # SIGINT: graceful shutdown
+    assert first["completion_tokens"] > 0 and first["torch"]
+    assert (first["completion"], first["chat"]) == (second["completion"], second["chat"])
+
+
+def test_installed_keel_files_are_hashed():
+    digest = serve_upgrade.keel_files_digest(sys.executable)
+    assert any(name.endswith("entrypoints/openai/api_server.py") for name in digest)
+    assert all(len(h) == 64 for h in digest.values())
