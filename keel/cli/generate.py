@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     decode = s.decode_tokens / s.decode_s if s.decode_s else 0.0
     print(
         f"keel: {sum(len(o.token_ids) for o in outputs)} tokens, prefill {s.prefill_tokens} tokens in "
-        f"{s.prefill_s:.2f} s, decode {decode:.1f} tokens/s, stop: {outputs[0].finish_reason}",
+        f"{s.prefill_s:.2f} s, decode {decode:.1f} tokens/s, finish: {outputs[0].finish_reason}",
         file=sys.stderr,
     )
     return 0

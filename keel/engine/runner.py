@@ -1,18 +1,21 @@
-"""`ModelRunner`: loads the model, owns the paged KV cache, turns sequences into batched forward passes."""
+"""`ModelRunner`: loads the model, owns the paged KV cache and its block manager, turns a batch of sequences
+into one varlen forward pass."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
 
+from keel.engine.attention import AttnMetadata
+from keel.engine.block_manager import BlockManager
 from keel.engine.cpu_linear import can_pack, pack_linears
-from keel.engine.kv_cache import BlockManager
 from keel.engine.sequence import Sequence
 from keel.hf.config import ModelConfig
 from keel.hf.weights import iter_weights
 from keel.models import get_model_class
-from keel.models.llama import AttnContext, LlamaForCausalLM
+from keel.models.llama import LlamaForCausalLM
 
 
 def load_model(
@@ -32,18 +35,25 @@ def load_model(
 class ModelRunner:
     """Runs prefill and decode steps for a batch of sequences over a paged KV cache."""
 
-    def __init__(self, model: LlamaForCausalLM, block_size: int = 16, cpu_prepack: bool = True) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        block_size: int = 16,
+        cpu_prepack: bool = True,
+        enable_prefix_caching: bool = True,
+    ) -> None:
         self.model, self.config = model, model.config
         weight = model.model.embed_tokens.weight  # lm_head may already be packed (no .weight)
         self.device, self.dtype = weight.device, weight.dtype
         if cpu_prepack and can_pack(weight):
             pack_linears(model)  # policy lives here, not in the model (as gpt-fast applies torch.compile)
-        self.block_size = block_size
+        self.block_size, self.enable_prefix_caching = block_size, enable_prefix_caching
         self.num_blocks = 0
-        self.block_manager = BlockManager(1, block_size)
+        self.block_manager = BlockManager(0, block_size, enable_prefix_caching=enable_prefix_caching)
 
     def allocate_kv_cache(self, num_blocks: int, shuffle_seed: int | None = None) -> None:
-        """(Re)allocate every layer's block pool [num_blocks, block_size, kv_heads, head_dim], zeroed."""
+        """(Re)allocate every layer's block pool [num_blocks, block_size, kv_heads, head_dim], zeroed, with a
+        fresh block manager (any cached prefix is forgotten)."""
         cfg = self.config
         shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         for layer in self.model.model.layers:
@@ -52,57 +62,71 @@ class ModelRunner:
             attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.num_blocks = num_blocks
-        self.block_manager = BlockManager(num_blocks, self.block_size, shuffle_seed)
+        self.block_manager = BlockManager(num_blocks, self.block_size, shuffle_seed, self.enable_prefix_caching)
+
+    def grow_kv_cache(self, num_blocks: int) -> None:
+        """Enlarge the pools to `num_blocks`, keeping every block's contents, table and cached identity
+        (the block manager object stays the same: the scheduler may hold it)."""
+        if num_blocks <= self.num_blocks:
+            return
+        cfg = self.config
+        extra = (num_blocks - self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        for layer in self.model.model.layers:
+            attn = layer.self_attn
+            pad = torch.zeros(extra, dtype=self.dtype, device=self.device)
+            attn.k_cache = torch.cat([attn.k_cache, pad]) if self.num_blocks else pad
+            attn.v_cache = torch.cat([attn.v_cache, pad]) if self.num_blocks else pad.clone()
+        self.num_blocks = num_blocks
+        self.block_manager.grow(num_blocks)
 
     def kv_bytes_per_block(self) -> int:
         cfg = self.config
         elem = torch.empty(0, dtype=self.dtype).element_size()
         return 2 * cfg.num_hidden_layers * self.block_size * cfg.kv_size * elem
 
-    def _tensor(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _tensor(self, values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
 
-    def _prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttnContext]:
+    def prepare(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:
+        """Pack every sequence's uncomputed tokens (prefill: the prompt past its cached prefix; decode: the
+        last token) into one varlen batch: input ids, positions, attention metadata."""
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         cu = [0]
-        bm = self.block_manager
+        bs = self.block_size
         for seq in seqs:
-            n = len(seq.token_ids)
-            ids += seq.token_ids
-            positions += range(n)
-            slots += (bm.slot(seq.block_table, p) for p in range(n))
-            cu.append(cu[-1] + n)
-        ctx = AttnContext(is_prefill=True, slot_mapping=self._tensor(slots), cu_seqlens=cu)
+            start, end, table = seq.num_computed_tokens, len(seq.token_ids), seq.block_table
+            if start >= end or len(table) * bs < end:
+                raise RuntimeError(
+                    f"ModelRunner: sequence {seq.request_id or seq.index} has {end - start} tokens to compute "
+                    f"and room for {len(table) * bs} in its {len(table)} blocks; expected >= 1 and room for {end}"
+                )
+            ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += (table[p // bs] * bs + p % bs for p in range(start, end))
+            cu.append(cu[-1] + end - start)
+        width = max(len(s.block_table) for s in seqs)
+        lens_k = [len(s.token_ids) for s in seqs]
+        ctx = AttnMetadata(
+            slot_mapping=self._tensor(slots),
+            cu_seqlens_q=self._tensor(cu, torch.int32),
+            seqused_k=self._tensor(lens_k, torch.int32),
+            cu_seqlens_k=self._tensor([0, *itertools.accumulate(lens_k)], torch.int32),
+            block_tables=self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32),
+            max_seqlen_q=max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True)),
+            max_seqlen_k=max(lens_k),
+        )
         return self._tensor(ids), self._tensor(positions), ctx
 
-    def _prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttnContext]:
-        bm = self.block_manager
-        lens = [len(s.token_ids) for s in seqs]
-        width = max(len(s.block_table) for s in seqs)
-        tables = self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])  # [B, W]
-        ctx_lens = self._tensor(lens)[:, None]  # [B, 1]
-        key_pos = torch.arange(width * self.block_size, device=self.device)[None, :]  # [1, L]
-        mask = key_pos < ctx_lens
-        if self.config.sliding_window is not None:
-            mask &= key_pos > ctx_lens - 1 - self.config.sliding_window
-        bias = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
-        ctx = AttnContext(
-            is_prefill=False,
-            slot_mapping=self._tensor([bm.slot(s.block_table, n - 1) for s, n in zip(seqs, lens, strict=True)]),
-            block_tables=tables,
-            attn_bias=bias[:, None, None, :],
-        )
-        return self._tensor([s.token_ids[-1] for s in seqs]), self._tensor([n - 1 for n in lens]), ctx
-
     @torch.inference_mode()
-    def step(self, seqs: list[Sequence], is_prefill: bool, all_logits: bool = False) -> torch.Tensor:
-        """Forward one step; logits [B, V] of each sequence's last token ([T, V] with `all_logits`)."""
-        prep = self._prepare_prefill if is_prefill else self._prepare_decode
-        input_ids, positions, ctx = prep(seqs)
+    def step(self, seqs: list[Sequence], is_prefill: bool | None = None, all_logits: bool = False) -> torch.Tensor:
+        """Forward each sequence's uncomputed tokens in one pass; logits [B, V] of each sequence's last token
+        ([T, V] of every computed token with `all_logits`). `is_prefill=False` asserts a pure decode step."""
+        input_ids, positions, ctx = self.prepare(seqs)
+        if is_prefill is False and not ctx.is_decode:
+            raise RuntimeError("ModelRunner.step: is_prefill=False but a sequence has more than one new token")
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
-        if is_prefill and not all_logits:
-            assert ctx.cu_seqlens is not None
-            hidden = hidden[self._tensor([c - 1 for c in ctx.cu_seqlens[1:]])]
+        if not all_logits:
+            hidden = hidden[(ctx.cu_seqlens_q[1:] - 1).long()]
         return self.model.compute_logits(hidden)

@@ -12,28 +12,34 @@ from keel.hf.tokenizer import IncrementalDetokenizer
 
 
 class FinishReason(enum.Enum):
-    EOS = "eos"
-    STOP = "stop"  # a stop string
+    """Why a request ended, spelled as OpenAI's `finish_reason`."""
+
+    STOP = "stop"  # an eos token or a stop string
     LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"  # abort_request
 
 
 @dataclass(slots=True)
 class Sequence:
-    """Mutable per-request state owned by the engine loop."""
+    """Mutable per-request state owned by the engine."""
 
-    index: int  # position in the caller's prompt list
+    index: int  # the caller's position for it (LLM.generate: index in the prompt list)
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
     max_len: int  # prompt + max_tokens, capped to the model context
     detok: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None
+    request_id: str = ""
     token_ids: list[int] = field(default_factory=list)  # prompt + output
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of the first full blocks
+    num_computed_tokens: int = 0  # tokens whose K/V is in the cache
+    num_cached_tokens: int = -1  # prompt tokens served from the prefix cache at first admission (-1: not yet)
     text: str = ""
-    streamed: int = 0  # characters of `text` already handed to the stream callback
+    streamed: int = 0  # characters of `text` already released as deltas
     finish: FinishReason | None = None
-    start_s: float = 0.0
+    start_s: float = 0.0  # arrival (add_request)
     first_token_s: float = 0.0
     end_s: float = 0.0
 
@@ -47,3 +53,8 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt :]
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens the next forward pass computes for this sequence."""
+        return len(self.token_ids) - self.num_computed_tokens

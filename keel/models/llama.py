@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from keel import ops
+from keel.engine.attention import AttnMetadata, paged_attention
 from keel.hf.config import ModelConfig, RopeConfig
 from keel.hf.weights import WeightsError
-
-
-@dataclass(slots=True)
-class AttnContext:
-    """Per-step attention metadata, built once by the runner and shared by every layer."""
-
-    is_prefill: bool
-    slot_mapping: torch.Tensor  # [T] int64: flat cache slot of each new token
-    cu_seqlens: list[int] | None = None  # prefill: token offsets of each sequence, len B+1
-    block_tables: torch.Tensor | None = None  # decode: [B, max_blocks] int64
-    attn_bias: torch.Tensor | None = None  # decode: [B, 1, 1, max_blocks*block_size], 0 = attend, -inf = not
 
 
 def rope_cos_sin_cache(
@@ -63,7 +51,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA attention: fused qkv projection, rotary, paged cache write (keel ops), SDPA (prefill) or paged decode."""
+    """GQA attention: fused qkv projection, rotary (keel ops), then the engine's paged attention seam."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -84,7 +72,7 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
         self.cos_sin_cache = torch.empty(0)  # [max_pos, head_dim], shared, set after loading
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x)  # [T, (H + 2 KV) * D]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -94,40 +82,9 @@ class Attention(nn.Module):
         ops.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, True)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        ops.reshape_and_cache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         q = q.view(t, self.num_heads, self.head_dim)
-        out = self._prefill(q, k, v, ctx) if ctx.is_prefill else self._decode(q, ctx)
-        return self.o_proj(out)
-
-    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
-        """Causal attention over each prompt's own fresh k/v (no cached prefix)."""
-        assert ctx.cu_seqlens is not None
-        out = torch.empty_like(q)  # [T, H, D]
-        bounds = ctx.cu_seqlens
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-            qs, ks, vs = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, H|KV, L, D]
-            n = end - start
-            mask = None
-            if self.sliding_window is not None and n > self.sliding_window:
-                idx = torch.arange(n, device=q.device)
-                mask = (idx[None, :] <= idx[:, None]) & (idx[None, :] > idx[:, None] - self.sliding_window)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-            out[start:end] = o[0].transpose(0, 1)
-        return out.view(q.shape[0], self.q_size)
-
-    def _decode(self, q: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
-        """One query per sequence against its paged cache, gathered through the block table.
-
-        A sequence's G = H / KV query heads that share a kv head act as G queries of one position, so
-        SDPA runs without GQA expansion (about 2x faster on CPU than `enable_gqa`)."""
-        assert ctx.block_tables is not None and ctx.attn_bias is not None
-        b, kv = q.shape[0], self.num_kv_heads
-        blocks = ctx.block_tables.view(-1)  # index_select: ~7x faster than advanced indexing on CPU
-        k = self.k_cache.index_select(0, blocks).view(b, -1, kv, self.head_dim).transpose(1, 2)  # [B, KV, L, D]
-        v = self.v_cache.index_select(0, blocks).view(b, -1, kv, self.head_dim).transpose(1, 2)
-        q = q.view(b, kv, -1, self.head_dim)  # [B, KV, G, D]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.attn_bias)  # [B, KV, G, D]
-        return o.reshape(b, self.q_size)
+        out = paged_attention(q, k, v, self.k_cache, self.v_cache, ctx, window=self.sliding_window)  # [T, H, D]
+        return self.o_proj(out.view(t, self.q_size))
 
 
 class MLP(nn.Module):
@@ -153,7 +110,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, ctx: AttnContext
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, ctx: AttnMetadata
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)  # embedding output is a fresh tensor
@@ -171,7 +128,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [T, H]
         residual = None
         for layer in self.layers:
@@ -201,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

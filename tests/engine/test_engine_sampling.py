@@ -7,7 +7,7 @@ import torch
 from tiny_checkpoints import needs_ops
 
 from keel.engine import SamplingParams
-from keel.engine.kv_cache import BlockManager, CacheFullError
+from keel.engine.block_manager import BlockManager, CacheFullError
 from keel.engine.sampler import apply_repetition_penalty, filter_top_k_top_p
 
 
@@ -82,7 +82,7 @@ def test_eos_stops_generation(llms):
         out = llm.generate("The quick brown", SamplingParams(max_tokens=12))[0]
     finally:
         llm.eos_token_ids = frozenset(llm.tokenizer.eos_token_ids)
-    assert out.finish_reason == "eos" and out.token_ids == free.token_ids[: free.token_ids.index(eos) + 1]
+    assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: free.token_ids.index(eos) + 1]
 
 
 @needs_ops

@@ -1,0 +1,140 @@
+"""`LLMEngine`: request validation, continuous batching, abort, preemption under a small KV pool, and
+prefix caching (identical greedy tokens with and without it; a chat's second turn served from cache)."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_checkpoints import needs_ops
+
+from keel.engine import LLM, LLMEngine, SamplingParams
+
+pytestmark = needs_ops
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "def f(x):",
+]
+GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
+
+
+def make_engine(arch: str = "llama", **kw) -> LLMEngine:
+    return LLMEngine(f"keel-test/tiny-{arch}", dtype="float32", device="cpu", block_size=4, progress=False, **kw)
+
+
+def run_to_end(engine: LLMEngine, trace: list | None = None) -> dict:
+    """Step until idle; the final output of each request (and every step's outputs in `trace`)."""
+    final = {}
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        if trace is not None:
+            trace.append(outs)
+        final.update({o.request_id: o for o in outs if o.finished})
+    return final
+
+
+@pytest.fixture(scope="module")
+def alone(llms) -> list[list[int]]:
+    """Greedy tokens of each prompt run by itself."""
+    llm = llms("llama")
+    return [llm.generate(p, GREEDY)[0].token_ids for p in PROMPTS]
+
+
+def test_add_request_rejects_bad_input(llms):
+    engine = llms("llama")
+    with pytest.raises(ValueError, match="request 'e' is empty"):
+        engine.add_request("e", [], GREEDY)
+    with pytest.raises(ValueError, match=r"outside \[0, \d+\) \(the vocabulary\)"):
+        engine.add_request("v", [1, engine.config.vocab_size], GREEDY)
+    with pytest.raises(ValueError, match="context is 128 tokens"):
+        engine.add_request("c", [5] * 128, GREEDY)
+    engine.add_request("dup", "fox", GREEDY)
+    try:
+        with pytest.raises(ValueError, match="'dup' is already in use"):
+            engine.add_request("dup", "fox", GREEDY)
+    finally:
+        engine.abort_request("dup")
+    assert engine.step()[0].finish_reason == "abort" and not engine.has_unfinished_requests()
+
+
+def test_streamed_deltas_add_up(llms):
+    engine = llms("qwen2")
+    engine.add_request("s", PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True))
+    trace: list = []
+    final = run_to_end(engine, trace)["s"]
+    outs = [o for step in trace for o in step]
+    assert "".join(o.delta_text for o in outs) == final.text
+    assert [t for o in outs for t in o.new_token_ids] == final.token_ids and len(final.token_ids) == 12
+    assert final.finish_reason == "length" and [o.finished for o in outs].count(True) == 1
+
+
+def test_request_added_mid_decode_joins_the_batch(llms, alone):
+    engine = llms("llama")
+    engine.add_request("a", PROMPTS[0], GREEDY)
+    trace: list = []
+    for _ in range(4):
+        trace.append(engine.step())
+    engine.add_request("b", PROMPTS[1], GREEDY)
+    final = run_to_end(engine, trace)
+    joined = [{o.request_id for o in step} for step in trace]
+    assert {"a", "b"} in joined  # some step produced tokens for both: b joined while a was decoding
+    assert final["a"].token_ids == alone[0] and final["b"].token_ids == alone[1]
+
+
+def test_abort_frees_blocks(llms):
+    engine = llms("llama")
+    bm = engine.runner.block_manager
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"x{i}", p, GREEDY)
+    engine.step()
+    engine.step()
+    assert bm.num_used > 0 and engine.metrics().num_running == 3
+    for i in range(3):
+        engine.abort_request(f"x{i}")
+    engine.abort_request("x0")  # twice, and unknown ids: no-ops
+    engine.abort_request("never-added")
+    assert bm.num_used == 0 and bm.num_free == bm.num_blocks
+    outs = engine.step()
+    assert sorted(o.request_id for o in outs) == ["x0", "x1", "x2"]
+    assert all(o.finished and o.finish_reason == "abort" for o in outs)
+    assert not engine.has_unfinished_requests() and engine.step() == []
+
+
+def test_preemption_keeps_greedy_tokens(alone):
+    probe = make_engine()
+    per_block = probe.runner.kv_bytes_per_block()
+    biggest = max(probe.runner.block_manager.blocks_for(len(probe.tokenizer.encode(p)) + 20) for p in PROMPTS)
+    engine = make_engine(max_kv_cache_bytes=(biggest + 2) * per_block)  # room for one and a bit
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(str(i), p, GREEDY)
+    final = run_to_end(engine)
+    m = engine.metrics()
+    assert m.num_preemptions > 0 and m.kv_blocks_total == biggest + 2
+    assert [final[str(i)].token_ids for i in range(3)] == alone
+    assert m.kv_blocks_used == 0 and m.num_running == m.num_waiting == 0
+
+
+def test_prefix_caching_same_tokens_as_without(llms):
+    cached = llms("llama")
+    plain = LLM("keel-test/tiny-llama", dtype="float32", device="cpu", block_size=4, enable_prefix_caching=False)
+    shared = PROMPTS[1] + " "
+    prompts = [shared + "Hello", shared + "The quick", shared + "def"]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    first = cached.generate(prompts[:1], params)[0]
+    rest = cached.generate(prompts, params)
+    assert [o.token_ids for o in rest] == want and first.token_ids == want[0]
+    assert all(o.num_cached_tokens >= 8 for o in rest)  # the shared prefix came from the cache
+    assert plain.generate(prompts[:1], params)[0].num_cached_tokens == 0
+    assert plain.metrics().prefix_cache_hits == 0 < cached.metrics().prefix_cache_hits
+
+
+def test_second_chat_turn_is_served_from_cache(llms):
+    llm = llms("smollm2")
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    conv = [{"role": "user", "content": "Hello world! Numbers 0123456789"}]
+    first = llm.chat(conv, params)[0]
+    conv += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "again"}]
+    second = llm.chat(conv, params)[0]
+    assert second.num_cached_tokens >= len(first.prompt_token_ids) - 4  # at least turn 1's full blocks
+    plain = LLM("keel-test/tiny-smollm2", dtype="float32", device="cpu", block_size=4, enable_prefix_caching=False)
+    assert plain.chat(conv, params)[0].token_ids == second.token_ids
