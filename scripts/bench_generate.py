@@ -93,7 +93,7 @@ def run_second_turn(args: argparse.Namespace) -> dict:
 def run_keel(args: argparse.Namespace) -> dict:
     from keel.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False, quantization=args.quantization)
     vocab = llm.config.vocab_size
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     llm.generate(prompts_for(1, args.prompt_len, vocab, 1), SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
@@ -158,6 +158,7 @@ def main() -> None:
     )
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"], help="keel weights: fp8 = FP8 GEMM")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -204,6 +205,8 @@ def main() -> None:
             args.dtype,
             "--device",
             args.device,
+            "--quantization",
+            args.quantization,
             "--prompt-len",
             str(args.prompt_len),
             "--new-tokens",

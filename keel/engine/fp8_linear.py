@@ -1,7 +1,7 @@
 """FP8 weights for the engine (`quantization="fp8"`): every `nn.Linear` becomes an `Fp8Linear` whose weight is
-cast once, at load time, to float8_e4m3fn with one fp32 scale per 128x128 block, and whose input is cast per
-token (1x128 groups) at every call, as DeepSeek-V3 runs its linears; the product runs through the vendored
-DeepGEMM-style `fp8_gemm_nt`. A runner policy like cpu_linear's prepacking: the model code stays plain
+cast once, at load time, to float8_e4m3fn with fp32 block scales, and whose input is cast per token (1x128
+groups) at every call, as DeepSeek-V3 runs its linears; the product runs through the vendored DeepGEMM-style
+`fp8_gemm_nt`. A runner policy like cpu_linear's prepacking: the model code stays plain
 `nn.Linear`. The embedding lookup keeps its bf16/fp32 table (a tied lm_head gets its own FP8 copy)."""
 
 from __future__ import annotations
@@ -10,6 +10,11 @@ import torch
 from torch import nn
 
 QUANTIZATIONS = ("none", "fp8")
+# DeepGEMM's scale recipes (m, n, k): (1, 128, 128) = 128x128 weight blocks (DeepSeek-V3's, the default);
+# (1, 1, 128) = one scale per weight row and 128-wide K group (3% more bytes of scales). On SmolLM2-135M
+# (tests/data's text) 128x128 costs +4.6% perplexity over bf16 (+3.7% from the weights alone), 1x128 +1.7%.
+BLOCK_RECIPE = (1, 128, 128)
+ROW_RECIPE = (1, 1, 128)
 
 
 def check_quantization(quantization: str | None) -> str:
@@ -25,7 +30,7 @@ class Fp8Linear(nn.Module):
 
     Outputs have the input's dtype (bf16 or fp32: what fp8_gemm_nt writes; other dtypes go through fp32)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, recipe: tuple[int, int, int] = BLOCK_RECIPE) -> None:
         super().__init__()
         from keel.vendored import deep_gemm  # loads the vendored library only when FP8 is asked for
 
@@ -33,9 +38,15 @@ class Fp8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
         w = weight if weight.dtype in (torch.bfloat16, torch.float32) else weight.float()
-        qweight, scale = deep_gemm.per_block_cast_to_fp8(w.contiguous())
+        if recipe not in (BLOCK_RECIPE, ROW_RECIPE):
+            raise ValueError(f"Fp8Linear: recipe must be {BLOCK_RECIPE} or {ROW_RECIPE}, got {recipe}")
+        self.recipe = recipe
+        if recipe == ROW_RECIPE:
+            qweight, scale = deep_gemm.per_token_cast_to_fp8(w.contiguous())  # 1x128 groups of each row
+        else:
+            qweight, scale = deep_gemm.per_block_cast_to_fp8(w.contiguous())
         self.register_buffer("qweight", qweight)  # [N, K] float8_e4m3fn
-        self.register_buffer("weight_scale", scale)  # [ceil(N/128), ceil(K/128)] fp32
+        self.register_buffer("weight_scale", scale)  # [N or ceil(N/128), ceil(K/128)] fp32
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,21 +56,22 @@ class Fp8Linear(nn.Module):
             rows = rows.float()
         a = self._dg.per_token_cast_to_fp8(rows)
         out = torch.empty(rows.shape[0], self.out_features, dtype=rows.dtype, device=rows.device)
-        self._dg.fp8_gemm_nt(a, (self.qweight, self.weight_scale), out, c=None)
+        self._dg.fp8_gemm_nt(a, (self.qweight, self.weight_scale), out, c=None, recipe=self.recipe)
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, weight=fp8_e4m3 128x128-block"
+        block = f"{self.recipe[1]}x{self.recipe[2]}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight=fp8_e4m3 {block} blocks"
 
 
-def quantize_linears(model: nn.Module) -> int:
+def quantize_linears(model: nn.Module, recipe: tuple[int, int, int] = BLOCK_RECIPE) -> int:
     """Replace every `nn.Linear` of `model` (lm_head included) by an `Fp8Linear`, in place; returns how many."""
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, Fp8Linear(child))
+                setattr(module, name, Fp8Linear(child, recipe))
                 count += 1
     return count

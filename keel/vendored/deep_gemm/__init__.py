@@ -45,7 +45,9 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     _lib.bf16_gemm_nt.default(a, b, d, c)
 
 
-def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_cast_to_fp8(
+    x: torch.Tensor, use_ue8m0: bool = False, gran_k: int = 128
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (e4m3 [M, K], fp32 scales [M, ceil(K/gran_k)]): scale = amax / 448 per 1 x gran_k group."""
     return _lib.per_token_cast_to_fp8.default(x, use_ue8m0, gran_k)
 
@@ -57,6 +59,6 @@ def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[tor
 
 def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     """DeepGEMM's GEMM-output dissimilarity: 1 - 2<x, y> / (|x|^2 + |y|^2) in float64 (0 when equal)."""
-    x64, y64 = x.double(), y.double()
+    x64, y64 = x.detach().double(), y.detach().double()
     denominator = (x64 * x64 + y64 * y64).sum()
     return float(1.0 - 2.0 * (x64 * y64).sum() / denominator)

@@ -18,8 +18,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 # Writes d in place and returns nothing: the fake only has to accept the call.
 @torch.library.register_fake(f"{NAMESPACE}::fp8_gemm_nt")
-def _fp8_gemm_nt_fake(a, sfa, b, sfb, d, c=None, recipe_m=None, recipe_n=None, recipe_k=None,
-                      disable_ue8m0_cast=False) -> None:
+def _fp8_gemm_nt_fake(
+    a, sfa, b, sfb, d, c=None, recipe_m=None, recipe_n=None, recipe_k=None, disable_ue8m0_cast=False
+) -> None:
     return None
 
 
@@ -40,5 +41,7 @@ def _per_token_cast_fake(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int =
 @torch.library.register_fake(f"{NAMESPACE}::per_block_cast_to_fp8")
 def _per_block_cast_fake(x: torch.Tensor, use_ue8m0: bool = False):
     n, k = x.shape
-    return (x.new_empty((n, k), dtype=torch.float8_e4m3fn),
-            x.new_empty((_ceil_div(n, 128), _ceil_div(k, 128)), dtype=torch.float32))
+    return (
+        x.new_empty((n, k), dtype=torch.float8_e4m3fn),
+        x.new_empty((_ceil_div(n, 128), _ceil_div(k, 128)), dtype=torch.float32),
+    )

@@ -17,9 +17,14 @@ def test_rounding_matches_torch_when_scale_is_one():
     # each 128-group holds 448, so its scale is exactly 1 and the cast is plain e4m3fn rounding:
     # subnormals, ties, the largest finite value and everything between
     g = torch.Generator().manual_seed(0)
-    vals = torch.cat([torch.randn(2000, generator=g) * 50, torch.randn(2000, generator=g) * 0.01,
-                      torch.tensor([0.0, -0.0, 2**-9, 2**-10, 3 * 2**-10, 2**-6, 0.0146, 447.9, 440.0, 432.0, -448.0]),
-                      (torch.arange(0, 120) + 0.5) * 2**-9])
+    vals = torch.cat(
+        [
+            torch.randn(2000, generator=g) * 50,
+            torch.randn(2000, generator=g) * 0.01,
+            torch.tensor([0.0, -0.0, 2**-9, 2**-10, 3 * 2**-10, 2**-6, 0.0146, 447.9, 440.0, 432.0, -448.0]),
+            (torch.arange(0, 120) + 0.5) * 2**-9,
+        ]
+    )
     vals = vals.clamp(-448, 448)
     cols = 127
     rows = -(-vals.numel() // cols)
@@ -52,7 +57,12 @@ def test_per_token_round_trip(gran_k):
     back = dequant_per_token(q, sf, gran_k)
     assert dg.calc_diff(back, x) < 1e-3
     # e4m3 keeps 3 mantissa bits: each element within half an ulp of its group's grid
-    assert bool(((back - x.double()).abs() <= x.double().abs() * 2**-4 + sf.double().repeat_interleave(gran_k, 1)[:, :200] * 2**-9).all())
+    assert bool(
+        (
+            (back - x.double()).abs()
+            <= x.double().abs() * 2**-4 + sf.double().repeat_interleave(gran_k, 1)[:, :200] * 2**-9
+        ).all()
+    )
 
 
 def test_per_block_partial_blocks():
@@ -72,7 +82,9 @@ def test_cast_bad_inputs():
         dg.per_token_cast_to_fp8(torch.zeros(2, 4), gran_k=0)
     with pytest.raises(RuntimeError, match=r"keel_deep_gemm::per_block_cast_to_fp8: x must be 2-D"):
         dg.per_block_cast_to_fp8(torch.zeros(2, 4, 4))
-    with pytest.raises(RuntimeError, match=r"keel_deep_gemm::per_token_cast_to_fp8: x must be bfloat16 or float32, got"):
+    with pytest.raises(
+        RuntimeError, match=r"keel_deep_gemm::per_token_cast_to_fp8: x must be bfloat16 or float32, got"
+    ):
         dg.per_token_cast_to_fp8(torch.zeros(2, 4).to(FP8))
     with pytest.raises(RuntimeError, match=r"keel_deep_gemm::per_token_cast_to_fp8: x must be float8_e4m3fn, bfloat16"):
         dg.per_token_cast_to_fp8(torch.zeros(2, 4, dtype=torch.int32))

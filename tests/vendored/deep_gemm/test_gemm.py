@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dg_reference import fp8_reference
+from dg_reference import dequant_per_token, fp8_reference
 
 from keel.vendored import deep_gemm as dg
 
@@ -25,8 +25,9 @@ def _operands(m: int, n: int, k: int, seed: int = 0):
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 256, 512), (8, 200, 300), (33, 130, 129)])
-@pytest.mark.parametrize("d_dtype,c_dtype", [(torch.float32, None), (torch.bfloat16, torch.float32),
-                                             (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "d_dtype,c_dtype", [(torch.float32, None), (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)]
+)
 def test_fp8_gemm_matches_reference(m, n, k, d_dtype, c_dtype):
     x, w, (a, sfa), (b, sfb) = _operands(m, n, k, seed=m * n + k)
     c = None if c_dtype is None else torch.randn(m, n).to(c_dtype)
@@ -53,6 +54,18 @@ def test_partial_blocks_use_their_own_scales():
     ref = fp8_reference(a, sfa, b, sfb)
     torch.testing.assert_close(d.double(), ref, rtol=1e-6, atol=1e-6)
     assert ref[:, 128:].abs().max() > 0.1
+
+
+def test_per_row_weight_scales_recipe_1_1_128():
+    # upstream's 1D1D recipe: B scaled per row and 128-wide K group (sfb [N, ceil(K/128)])
+    m, n, k = 3, 140, 260
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
+    (a, sfa), (b, sfb) = dg.per_token_cast_to_fp8(x), dg.per_token_cast_to_fp8(w)
+    d = torch.empty(m, n)
+    dg.fp8_gemm_nt((a, sfa), (b, sfb), d, recipe=(1, 1, 128))
+    ref = dequant_per_token(a, sfa) @ dequant_per_token(b, sfb).T
+    assert dg.calc_diff(d, ref) < EXACT[torch.float32]
 
 
 def test_strided_d_and_c():
@@ -105,19 +118,41 @@ def _fp8_args(m=2, n=130, k=256):
 
 
 BAD = [
-    (lambda a, sfa, b, sfb, d: ((a.float(), sfa), (b, sfb), d), {}, r"fp8_gemm_nt: a must be float8_e4m3fn, got float32"),
+    (
+        lambda a, sfa, b, sfb, d: ((a.float(), sfa), (b, sfb), d),
+        {},
+        r"fp8_gemm_nt: a must be float8_e4m3fn, got float32",
+    ),
     (lambda a, sfa, b, sfb, d: ((a, sfa[:, :1]), (b, sfb), d), {}, r"fp8_gemm_nt: sfa must be \[2, 2\], got \[2, 1\]"),
-    (lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb.double()), d), {},
-     r"fp8_gemm_nt: sfb must be float8_e4m3fn, bfloat16 or float32, got float64"),
+    (
+        lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb.double()), d),
+        {},
+        r"fp8_gemm_nt: sfb must be float8_e4m3fn, bfloat16 or float32, got float64",
+    ),
     (lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb[:1]), d), {}, r"fp8_gemm_nt: sfb must be \[2, 2\], got \[1, 2\]"),
     (lambda a, sfa, b, sfb, d: ((a, sfa), (b[:, :128], sfb), d), {}, r"fp8_gemm_nt: b must be \[N, 256\]"),
     (lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb), d[:, :5]), {}, r"fp8_gemm_nt: d must be \[2, 130\], got \[2, 5\]"),
     (lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb), d.half()), {}, r"fp8_gemm_nt: d must be float8_e4m3fn, bfloat16"),
-    (lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb), d), {"recipe": (1, 128, 64)}, r"fp8_gemm_nt: recipe must be \(1, 128, 128\)"),
-    (lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb), d), {"recipe": (1, 128, 2**40)},
-     r"fp8_gemm_nt: recipe_k must fit in a 32-bit int \(the vendored kernel's type\), got 1099511627776"),
-    (lambda a, sfa, b, sfb, d: ((a.T.contiguous().T, sfa), (b, sfb), d), {},
-     r"fp8_gemm_nt: a must be K-major \(unit stride along its last dim\), got strides \[1, 2\]"),
+    (
+        lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb), d),
+        {"recipe": (1, 128, 64)},
+        r"fp8_gemm_nt: recipe must be \(1, 128, 128\) \(128x128-block B scales\) or \(1, 1, 128\)",
+    ),
+    (
+        lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb), d),
+        {"recipe": (1, 1, 128)},
+        r"fp8_gemm_nt: sfb must be \[130, 2\], got \[2, 2\]",
+    ),
+    (
+        lambda a, sfa, b, sfb, d: ((a, sfa), (b, sfb), d),
+        {"recipe": (1, 128, 2**40)},
+        r"fp8_gemm_nt: recipe_k must fit in a 32-bit int \(the vendored kernel's type\), got 1099511627776",
+    ),
+    (
+        lambda a, sfa, b, sfb, d: ((a.T.contiguous().T, sfa), (b, sfb), d),
+        {},
+        r"fp8_gemm_nt: a must be K-major \(unit stride along its last dim\), got strides \[1, 2\]",
+    ),
 ]
 
 
@@ -129,7 +164,9 @@ def test_fp8_gemm_bad_inputs(make, kwargs, match):
 
 def test_split_recipe_must_be_complete():
     a, sfa, b, sfb, d = _fp8_args()
-    with pytest.raises(RuntimeError, match=r"keel_deep_gemm::fp8_gemm_nt: recipe_m, recipe_n and recipe_k must be given"):
+    with pytest.raises(
+        RuntimeError, match=r"keel_deep_gemm::fp8_gemm_nt: recipe_m, recipe_n and recipe_k must be given"
+    ):
         OPS.fp8_gemm_nt.default(a, sfa, b, sfb, d, None, 1, None, None, False)
 
 
@@ -142,7 +179,10 @@ def test_opcheck_gemms():
     a, sfa, b, sfb, d = _fp8_args(m=3, n=20, k=130)
     # torch's schema checker compares inputs with a multiply that has no float8 kernel, so test_schema
     # runs on bf16_gemm_nt only (same `Tensor(a!) d` schema pattern)
-    torch.library.opcheck(OPS.fp8_gemm_nt.default, (a, sfa, b, sfb, d, torch.randn(3, 20), None, None, None, False),
-                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(
+        OPS.fp8_gemm_nt.default,
+        (a, sfa, b, sfb, d, torch.randn(3, 20), None, None, None, False),
+        test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
     x, y = torch.randn(3, 130).bfloat16(), torch.randn(20, 130).bfloat16()
     torch.library.opcheck(OPS.bf16_gemm_nt.default, (x, y, torch.empty(3, 20), None))

@@ -20,8 +20,11 @@ ROOT = HERE.parents[2]
 FORK = ROOT / "vendored_deps" / "deep_gemm"
 CXX = shutil.which("g++") or shutil.which("c++")
 TORCH = Path(torch.__file__).resolve().parent
-ISA_FLAGS = {"base": [], "avx2": ["-mavx2", "-mfma", "-mf16c"],
-             "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]}
+ISA_FLAGS = {
+    "base": [],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"],
+}
 
 
 def _build_unstable(out: Path) -> Path:
@@ -31,19 +34,38 @@ def _build_unstable(out: Path) -> Path:
     jobs = []
     for isa, flags in ISA_FLAGS.items():
         obj = out / f"kernels_{isa}.o"
-        jobs.append(common + flags + [f"-DVENDORED_CPU_ISA_NS=cpu_{isa}", f"-DVENDORED_CPU_ISA_{isa.upper()}=1", "-c",
-                                      str(FORK / "csrc/cpu/gemm_kernels.cpp"), "-o", str(obj)])
+        jobs.append(
+            common
+            + flags
+            + [
+                f"-DVENDORED_CPU_ISA_NS=cpu_{isa}",
+                f"-DVENDORED_CPU_ISA_{isa.upper()}=1",
+                "-c",
+                str(FORK / "csrc/cpu/gemm_kernels.cpp"),
+                "-o",
+                str(obj),
+            ]
+        )
         objects.append(obj)
     for src in ("apis/gemm.cpp", "apis/runtime.cpp", "apis/cast.cpp"):
         obj = out / (Path(src).stem + ".o")
         jobs.append(common + ["-c", str(FORK / "csrc" / src), "-o", str(obj)])
         objects.append(obj)
     binding = out / "binding.o"
-    jobs.append(common + [f"-isystem{TORCH / 'include'}", f"-isystem{TORCH / 'include/torch/csrc/api/include'}",
-                          "-c", str(HERE / "unstable_binding.cpp"), "-o", str(binding)])
+    jobs.append(
+        common
+        + [
+            f"-isystem{TORCH / 'include'}",
+            f"-isystem{TORCH / 'include/torch/csrc/api/include'}",
+            "-c",
+            str(HERE / "unstable_binding.cpp"),
+            "-o",
+            str(binding),
+        ]
+    )
     objects.append(binding)
     procs = [subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True) for cmd in jobs]
-    for cmd, p in zip(jobs, procs):
+    for cmd, p in zip(jobs, procs, strict=True):
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, f"{' '.join(cmd)}\n{err[-3000:]}"
     lib = out / "deep_gemm_unstable.so"
@@ -53,8 +75,10 @@ def _build_unstable(out: Path) -> Path:
     return lib
 
 
-@pytest.mark.skipif(not (CXX and (HERE / "unstable_binding.cpp").is_file() and FORK.is_dir()),
-                    reason="needs a C++ compiler and the source tree")
+@pytest.mark.skipif(
+    not (CXX and (HERE / "unstable_binding.cpp").is_file() and FORK.is_dir()),
+    reason="needs a C++ compiler and the source tree",
+)
 def test_upstream_style_binding_is_unstable_adapter_is_stable(tmp_path):
     lib = _build_unstable(tmp_path)
     result = audit([str(lib)], target_torch="2.10")
@@ -70,7 +94,10 @@ def test_upstream_style_binding_is_unstable_adapter_is_stable(tmp_path):
     # both bindings run the same fork: the same numbers (up to -O1 vs -O3 code) through the tuple schema and the split one
     torch.ops.load_library(str(lib))
     g = torch.Generator().manual_seed(1)
-    (a, sfa), (b, sfb) = dg.per_token_cast_to_fp8(torch.randn(2, 200, generator=g)), dg.per_block_cast_to_fp8(torch.randn(9, 200, generator=g))
+    (a, sfa), (b, sfb) = (
+        dg.per_token_cast_to_fp8(torch.randn(2, 200, generator=g)),
+        dg.per_block_cast_to_fp8(torch.randn(9, 200, generator=g)),
+    )
     d_unstable, d_stable = torch.empty(2, 9), torch.empty(2, 9)
     torch.ops.deep_gemm_unstable.fp8_gemm_nt((a, sfa), (b, sfb), d_unstable, None, 128)
     dg.fp8_gemm_nt((a, sfa), (b, sfb), d_stable)

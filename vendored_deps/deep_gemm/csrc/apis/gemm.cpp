@@ -16,6 +16,13 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+struct E4M3Table {  // exact value of every e4m3fn byte
+  float v[256];
+  E4M3Table() {
+    for (int i = 0; i < 256; ++i) v[i] = e4m3_to_float(static_cast<uint8_t>(i));
+  }
+};
+
 void check_2d(const char* op, const char* arg, const TensorView& t, int64_t rows, int64_t cols) {
   DG_HOST_ASSERT(t.ndim == 2 && t.sizes[0] == rows && t.sizes[1] == cols, op, ": ", arg, " must be [", rows, ", ",
                  cols, "], got ", t.shape());
@@ -126,6 +133,7 @@ cuda::GemmArgs cuda_args(const cpu::GemmParams& p, const TensorView& a) {
   g.sfb = p.sfb;
   g.sfb_s0 = p.sfb_s0;
   g.sfb_s1 = p.sfb_s1;
+  g.sfb_gran_n = p.sfb_gran_n;
   g.m = p.m;
   g.n = p.n;
   g.k = p.k;
@@ -157,11 +165,13 @@ void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a, const std::pair<Ten
   const TensorView& sfa = a.second;
   const TensorView& bv = b.first;
   const TensorView& sfb = b.second;
+  int64_t gran_n = 128;
   if (recipe) {
     const auto [rm, rn, rk] = *recipe;
-    DG_HOST_ASSERT(rm == 1 && rn == 128 && rk == 128, op,
-                   ": recipe must be (1, 128, 128) (per-token A, 128x128-block B scales), got (", rm, ", ", rn,
-                   ", ", rk, ")");
+    DG_HOST_ASSERT(rm == 1 && (rn == 128 || rn == 1) && rk == 128, op,
+                   ": recipe must be (1, 128, 128) (128x128-block B scales) or (1, 1, 128) (1x128 B scales), got (",
+                   rm, ", ", rn, ", ", rk, ")");
+    gran_n = rn;
   }
   check_dtype(op, "a", av, DType::kFloat8E4M3);
   check_dtype(op, "b", bv, DType::kFloat8E4M3);
@@ -170,7 +180,7 @@ void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a, const std::pair<Ten
   check_dtype(op, "sfa", sfa, DType::kFloat32);
   check_dtype(op, "sfb", sfb, DType::kFloat32);
   check_2d(op, "sfa", sfa, m, ceil_div(k, 128));
-  check_2d(op, "sfb", sfb, ceil_div(n, 128), ceil_div(k, 128));
+  check_2d(op, "sfb", sfb, ceil_div(n, gran_n), ceil_div(k, 128));
   check_same_device(op, "sfa", sfa, av);
   check_same_device(op, "sfb", sfb, av);
 
@@ -178,6 +188,7 @@ void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a, const std::pair<Ten
   p.sfb = sfb.ptr<const float>();
   p.sfb_s0 = sfb.strides[0];
   p.sfb_s1 = sfb.strides[1];
+  p.sfb_gran_n = gran_n;
   if (av.device == Device::kCUDA) {
     cuda::GemmArgs g = cuda_args(p, av);
     g.sfa = sfa.ptr<const float>();
@@ -187,15 +198,21 @@ void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a, const std::pair<Ten
   }
   if (early_return(p)) return;
   // A is small next to B in decode: dequantize it once (its per-token scales folded in)
-  std::vector<float> a32(static_cast<size_t>(m * k));
+  static const E4M3Table table;
+  const int64_t lda = ceil_div(k, 128) * 128;
+  std::vector<float> a32(static_cast<size_t>(m * lda), 0.0f);
   const uint8_t* ap = av.ptr<const uint8_t>();
   const float* sp = sfa.ptr<const float>();
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < k; ++j) {
-      a32[i * k + j] = e4m3_to_float(ap[i * av.strides[0] + j]) * sp[i * sfa.strides[0] + (j / 128) * sfa.strides[1]];
+    const uint8_t* row = ap + i * av.strides[0];
+    for (int64_t j0 = 0; j0 < k; j0 += 128) {
+      const float s = sp[i * sfa.strides[0] + (j0 / 128) * sfa.strides[1]];
+      const int64_t j1 = j0 + 128 < k ? j0 + 128 : k;
+      for (int64_t j = j0; j < j1; ++j) a32[i * lda + j] = table.v[row[j]] * s;
     }
   }
   p.a = a32.data();
+  p.lda = lda;
   run_cpu(p);
 }
 
@@ -209,12 +226,14 @@ void bf16_gemm_nt(const TensorView& a, const TensorView& b, const TensorView& d,
   cpu::GemmParams p = output_params(b, d, c, m, n, k);
   if (a.device == Device::kCUDA) return run_cuda(op, cuda_args(p, a), stream);
   if (early_return(p)) return;
-  std::vector<float> a32(static_cast<size_t>(m * k));
+  const int64_t lda = ceil_div(k, 128) * 128;
+  std::vector<float> a32(static_cast<size_t>(m * lda), 0.0f);
   const uint16_t* ap = a.ptr<const uint16_t>();
   for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < k; ++j) a32[i * k + j] = bf16_to_float(ap[i * a.strides[0] + j]);
+    for (int64_t j = 0; j < k; ++j) a32[i * lda + j] = bf16_to_float(ap[i * a.strides[0] + j]);
   }
   p.a = a32.data();
+  p.lda = lda;
   run_cpu(p);
 }
 

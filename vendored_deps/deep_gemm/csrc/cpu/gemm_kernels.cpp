@@ -35,18 +35,6 @@ namespace {
 constexpr int kBlockK = 128;
 constexpr float kFp8Shift = 256.0f;  // the fp16 trick yields value * 2^-8
 
-// e4m3 byte -> value * 2^-8 (exact; NaN stays NaN): the scalar path and K tails
-struct Fp8Table {
-  float v[256];
-  Fp8Table() {
-    for (int i = 0; i < 256; ++i) v[i] = e4m3_to_float(static_cast<uint8_t>(i)) / kFp8Shift;
-  }
-};
-const Fp8Table& fp8_table() {
-  static const Fp8Table t;
-  return t;
-}
-
 #if defined(VENDORED_CPU_ISA_AVX512)
 struct Vec {
   using R = __m512;
@@ -118,6 +106,18 @@ struct Vec {
   }
 };
 #else
+// e4m3 byte -> value * 2^-8 (exact; NaN stays NaN)
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) v[i] = e4m3_to_float(static_cast<uint8_t>(i)) / kFp8Shift;
+  }
+};
+const Fp8Table& fp8_table() {
+  static const Fp8Table t;
+  return t;
+}
+
 // portable: one lane, exact table conversion (NaN propagates through the arithmetic itself)
 struct Vec {
   using R = float;
@@ -160,31 +160,36 @@ template <bool kFp8>
 void rows_impl(const cpu::GemmParams& p, int64_t n_begin, int64_t n_end) {
   using R = Vec::R;
   constexpr int W = Vec::W;
-  const int64_t k_full = p.k / kBlockK;
-  const int64_t k_tail = p.k % kBlockK;
-  const float* table = fp8_table().v;
+  const int64_t k_blocks = (p.k + kBlockK - 1) / kBlockK;
+  const int64_t k_tail = p.k % kBlockK;  // a partial last block is read from a zero-padded copy
   std::vector<float> total(static_cast<size_t>(kRowTile * W));
-  float tail[kRowTile];
+  alignas(64) uint8_t pad8[kBlockK] = {};
+  alignas(64) uint16_t pad16[kBlockK] = {};
 
   for (int64_t m0 = 0; m0 < p.m; m0 += kRowTile) {
     const int64_t mt = p.m - m0 < kRowTile ? p.m - m0 : kRowTile;
-    const float* a_tile = p.a + m0 * p.k;
+    const float* a_tile = p.a + m0 * p.lda;
     for (int64_t n = n_begin; n < n_end; ++n) {
       std::memset(total.data(), 0, sizeof(float) * static_cast<size_t>(mt * W));
-      const float* sfb_row = kFp8 ? p.sfb + (n / kBlockK) * p.sfb_s0 : nullptr;
+      const float* sfb_row = kFp8 ? p.sfb + (n / p.sfb_gran_n) * p.sfb_s0 : nullptr;
       bool nan = false;
-      for (int64_t kb = 0; kb < k_full; ++kb) {
+      for (int64_t kb = 0; kb < k_blocks; ++kb) {
+        const bool partial = k_tail && kb == k_blocks - 1;
         R w[kNumVecs];
         float scale = 1.0f;
         if constexpr (kFp8) {
-          nan |= Vec::fp8_block(static_cast<const uint8_t*>(p.b) + n * p.ldb + kb * kBlockK, w);
+          const uint8_t* src = static_cast<const uint8_t*>(p.b) + n * p.ldb + kb * kBlockK;
+          if (partial) src = static_cast<const uint8_t*>(std::memcpy(pad8, src, static_cast<size_t>(k_tail)));
+          nan |= Vec::fp8_block(src, w);
           scale = sfb_row[kb * p.sfb_s1] * kFp8Shift;
         } else {
-          Vec::bf16_block(static_cast<const uint16_t*>(p.b) + n * p.ldb + kb * kBlockK, w);
+          const uint16_t* src = static_cast<const uint16_t*>(p.b) + n * p.ldb + kb * kBlockK;
+          if (partial) src = static_cast<const uint16_t*>(std::memcpy(pad16, src, static_cast<size_t>(k_tail) * 2));
+          Vec::bf16_block(src, w);
         }
         const R s = Vec::set1(scale);
         for (int64_t m = 0; m < mt; ++m) {
-          const float* ap = a_tile + m * p.k + kb * kBlockK;
+          const float* ap = a_tile + m * p.lda + kb * kBlockK;
           R acc0 = Vec::mul(Vec::load(ap), w[0]);
           R acc1 = Vec::mul(Vec::load(ap + W), w[1]);
 #pragma GCC unroll 16
@@ -196,27 +201,8 @@ void rows_impl(const cpu::GemmParams& p, int64_t n_begin, int64_t n_end) {
           Vec::store(t, Vec::fma(Vec::add(acc0, acc1), s, Vec::load(t)));
         }
       }
-      // partial last K block: exact scalar conversion
-      for (int64_t m = 0; m < mt; ++m) tail[m] = 0.0f;
-      if (k_tail) {
-        const int64_t k0 = k_full * kBlockK;
-        float scale = 1.0f;
-        if constexpr (kFp8) scale = sfb_row[k_full * p.sfb_s1] * kFp8Shift;
-        for (int64_t m = 0; m < mt; ++m) {
-          const float* ap = a_tile + m * p.k + k0;
-          float acc = 0.0f;
-          if constexpr (kFp8) {
-            const uint8_t* bp = static_cast<const uint8_t*>(p.b) + n * p.ldb + k0;
-            for (int64_t i = 0; i < k_tail; ++i) acc += ap[i] * table[bp[i]];
-          } else {
-            const uint16_t* bp = static_cast<const uint16_t*>(p.b) + n * p.ldb + k0;
-            for (int64_t i = 0; i < k_tail; ++i) acc += ap[i] * bf16_to_float(bp[i]);
-          }
-          tail[m] = acc * scale;
-        }
-      }
       for (int64_t m = 0; m < mt; ++m) {
-        float v = Vec::hsum(Vec::load(total.data() + m * W)) + tail[m];
+        float v = Vec::hsum(Vec::load(total.data() + m * W));
         if (nan) v = std::nanf("");
         const int64_t row = m0 + m;
         if (p.c) v += load_any(p.c, p.c_dtype, row * p.ldc0 + n * p.ldc1);

@@ -10,12 +10,14 @@
 namespace deep_gemm::cpu {
 
 struct GemmParams {
-  const float* a = nullptr;  // [m, k] contiguous fp32: A dequantized (sfa applied) or widened bf16
+  const float* a = nullptr;  // [m, lda] fp32: A dequantized (sfa applied) or widened bf16, zero past k
+  int64_t lda = 0;           // k rounded up to a multiple of 128
   const void* b = nullptr;   // [n, k] rows of e4m3 or bf16, unit stride along k
   DType b_dtype = DType::kFloat8E4M3;
   int64_t ldb = 0;
-  const float* sfb = nullptr;  // fp8 only: [ceil(n/128), ceil(k/128)]
+  const float* sfb = nullptr;  // fp8 only: [ceil(n/sfb_gran_n), ceil(k/128)]
   int64_t sfb_s0 = 0, sfb_s1 = 0;
+  int64_t sfb_gran_n = 128;  // rows of B per scale: 128 (recipe (1, 128, 128)) or 1 (recipe (1, 1, 128))
   int64_t m = 0, n = 0, k = 0;
   void* d = nullptr;
   DType d_dtype = DType::kBFloat16;

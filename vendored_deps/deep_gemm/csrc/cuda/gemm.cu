@@ -1,7 +1,7 @@
 // deep_gemm/csrc/cuda/gemm.cu
 // Portable (sm_80+) CUDA path of fp8_gemm_nt / bf16_gemm_nt: one warp per output element. Each
 // lane reads 4 consecutive K elements, so one pass of the warp covers exactly one 128-wide K
-// block, whose scale sfa[m, kb] * sfb[n / 128, kb] is applied to the lane's partial sum; e4m3
+// block, whose scale sfa[m, kb] * sfb[n / gran_n, kb] is applied to the lane's partial sum; e4m3
 // and bf16 are decoded to fp32 in registers; a shuffle reduction gives D = C + A @ B.T.
 // Written to be obviously correct, not fast (no tensor cores): a decode-shape fallback.
 // UNVERIFIED: compiled and linked here, never run on a GPU.
@@ -65,7 +65,7 @@ __global__ void gemm_nt_warp_kernel(const GemmArgs g) {
       }
       if (g.fp8) {
         const int64_t kb = k0 / 128;
-        part *= g.sfa[m * g.sfa_s0 + kb * g.sfa_s1] * g.sfb[(n / 128) * g.sfb_s0 + kb * g.sfb_s1];
+        part *= g.sfa[m * g.sfa_s0 + kb * g.sfa_s1] * g.sfb[(n / g.sfb_gran_n) * g.sfb_s0 + kb * g.sfb_s1];
       }
       acc += part;
     }

@@ -18,8 +18,9 @@ struct GemmArgs {
   int64_t sfa_s0 = 0, sfa_s1 = 0;
   const void* b = nullptr;  // [n, k], row stride ldb
   int64_t ldb = 0;
-  const float* sfb = nullptr;  // [ceil(n/128), ceil(k/128)]
+  const float* sfb = nullptr;  // [ceil(n/sfb_gran_n), ceil(k/128)]
   int64_t sfb_s0 = 0, sfb_s1 = 0;
+  int64_t sfb_gran_n = 128;
   int64_t m = 0, n = 0, k = 0;
   void* d = nullptr;
   bool d_fp32 = false;
