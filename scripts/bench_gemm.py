@@ -72,7 +72,10 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=["smollm2", "8b"], choices=sorted(SHAPES))
     p.add_argument("--m", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}")
     print(

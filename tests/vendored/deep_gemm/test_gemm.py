@@ -186,3 +186,21 @@ def test_opcheck_gemms():
     )
     x, y = torch.randn(3, 130).bfloat16(), torch.randn(20, 130).bfloat16()
     torch.library.opcheck(OPS.bf16_gemm_nt.default, (x, y, torch.empty(3, 20), None))
+
+
+def test_subnormal_weight_bytes_count():
+    # e4m3 subnormals (exponent field 0) in B: every kernel build must count them exactly (vdpbf16ps alone
+    # would read their bf16 images as zero)
+    m, n, k = 2, 3, 256
+    x = torch.randn(m, k)
+    a, sfa = dg.per_token_cast_to_fp8(x)
+    raw = torch.zeros(n, k, dtype=torch.uint8)
+    raw[0] = 0x01  # 2^-9
+    raw[1, ::2] = 0x87  # -7 * 2^-9
+    raw[2] = 0x38  # 1.0, no subnormal
+    b, sfb = raw.view(FP8), torch.full((1, 2), 3.0)
+    d = torch.empty(m, n)
+    dg.fp8_gemm_nt((a, sfa), (b, sfb), d)
+    ref = fp8_reference(a, sfa, b, sfb)
+    assert bool((ref[:, :2].abs() > 1e-4).all())
+    torch.testing.assert_close(d.double(), ref, rtol=1e-5, atol=1e-7)

@@ -15,7 +15,7 @@ from keel.vendored import deep_gemm as dg
 g = torch.Generator().manual_seed(7)
 m, n, k = 3, 130, 300
 (a, sfa), (b, sfb) = dg.per_token_cast_to_fp8(torch.randn(m, k, generator=g)), dg.per_block_cast_to_fp8(torch.randn(n, k, generator=g))
-raw = b.view(torch.uint8).clone(); raw[9, 40] = 0xFF  # -NaN byte
+raw = b.view(torch.uint8).clone(); raw[9, 40] = 0xFF; raw[3, 7] = 0x05; raw[4, 200] = 0x82  # -NaN, subnormals
 b = raw.view(torch.float8_e4m3fn)
 d = torch.empty(m, n)
 dg.fp8_gemm_nt((a, sfa), (b, sfb), d)

@@ -197,12 +197,13 @@ void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a, const std::pair<Ten
     return run_cuda(op, g, stream);
   }
   if (early_return(p)) return;
-  // A is small next to B in decode: dequantize it once (its per-token scales folded in)
   static const E4M3Table table;
   const int64_t lda = ceil_div(k, 128) * 128;
-  std::vector<float> a32(static_cast<size_t>(m * lda), 0.0f);
   const uint8_t* ap = av.ptr<const uint8_t>();
   const float* sp = sfa.ptr<const float>();
+  p.lda = lda;
+  // A dequantized once (its per-token scales folded in): A is small next to B in decode
+  std::vector<float> a32(static_cast<size_t>(m * lda), 0.0f);
   for (int64_t i = 0; i < m; ++i) {
     const uint8_t* row = ap + i * av.strides[0];
     for (int64_t j0 = 0; j0 < k; j0 += 128) {
@@ -212,7 +213,20 @@ void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a, const std::pair<Ten
     }
   }
   p.a = a32.data();
-  p.lda = lda;
+  std::vector<uint16_t> a16;
+  std::vector<float> sfa_c;
+  if (cpu_isa() == CpuIsa::kAVX512) {
+    // also A as exact bf16 (times 2^64) and its scales, for the kernel's bf16 dot products
+    a16.assign(static_cast<size_t>(m * lda), 0);
+    sfa_c.resize(static_cast<size_t>(m * (lda / 128)));
+    for (int64_t i = 0; i < m; ++i) {
+      const uint8_t* row = ap + i * av.strides[0];
+      for (int64_t j = 0; j < k; ++j) a16[i * lda + j] = float_to_bf16(table.v[row[j]] * cpu::kBf16DotAShift);
+      for (int64_t g = 0; g < lda / 128; ++g) sfa_c[i * (lda / 128) + g] = sp[i * sfa.strides[0] + g * sfa.strides[1]];
+    }
+    p.a16 = a16.data();
+    p.sfa = sfa_c.data();
+  }
   run_cpu(p);
 }
 

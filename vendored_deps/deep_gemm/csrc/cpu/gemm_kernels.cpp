@@ -212,9 +212,86 @@ void rows_impl(const cpu::GemmParams& p, int64_t n_begin, int64_t n_end) {
   }
 }
 
+#if defined(VENDORED_CPU_ISA_AVX512)
+// FP8 B with AVX512-BF16 dot products: sign-extending an e4m3 byte to 16 bits, shifting it left by 4 and
+// keeping bits 15 and 4..10 gives the bf16 number with the same sign, exponent field and mantissa, i.e. the
+// value times 2^-120 (3 ops per 32 weights); vdpbf16ps then does 32 multiply-adds per instruction against A's
+// exact bf16 copy (times 2^64). e4m3 subnormals of B would become bf16 subnormals, which vdpbf16ps reads
+// as zero: a block holding one (about 1 in 60 on SmolLM2's weights) goes through the exact fp16 path instead.
+constexpr float kBf16DotShift = 72057594037927936.0f;  // 2^120 / 2^64 = 2^56
+
+void rows_fp8_bf16dot(const cpu::GemmParams& p, int64_t n_begin, int64_t n_end) {
+  const int64_t k_blocks = p.lda / kBlockK;
+  const int64_t k_tail = p.k % kBlockK;
+  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0));
+  const __m512i low7 = _mm512_set1_epi8(0x7F);
+  const __m512i exp4 = _mm512_set1_epi8(0x78);
+  const __m512i man3 = _mm512_set1_epi8(0x07);
+  std::vector<float> total(static_cast<size_t>(kRowTile * 16));
+  alignas(64) uint8_t pad8[kBlockK] = {};
+  for (int64_t m0 = 0; m0 < p.m; m0 += kRowTile) {
+    const int64_t mt = p.m - m0 < kRowTile ? p.m - m0 : kRowTile;
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      std::memset(total.data(), 0, sizeof(float) * static_cast<size_t>(mt * 16));
+      const float* sfb_row = p.sfb + (n / p.sfb_gran_n) * p.sfb_s0;
+      __mmask64 nan = 0;
+      for (int64_t kb = 0; kb < k_blocks; ++kb) {
+        const uint8_t* src = static_cast<const uint8_t*>(p.b) + n * p.ldb + kb * kBlockK;
+        if (k_tail && kb == k_blocks - 1) src = static_cast<const uint8_t*>(std::memcpy(pad8, src, static_cast<size_t>(k_tail)));
+        __m512bh w[4];
+        __mmask64 subnormal = 0;
+        for (int j = 0; j < 2; ++j) {
+          const __m512i raw = _mm512_loadu_si512(src + 64 * j);
+          nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(raw, low7), low7);
+          subnormal |= _mm512_mask_test_epi8_mask(_mm512_testn_epi8_mask(raw, exp4), raw, man3);
+          const __m512i lo = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(raw));
+          const __m512i hi = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(raw, 1));
+          w[2 * j] = (__m512bh)_mm512_and_si512(_mm512_slli_epi16(lo, 4), keep);
+          w[2 * j + 1] = (__m512bh)_mm512_and_si512(_mm512_slli_epi16(hi, 4), keep);
+        }
+        if (subnormal) {  // exact: fp16 decode, fp32 FMA against A dequantized
+          __m512 wf[kNumVecs];
+          Vec::fp8_block(src, wf);
+          const __m512 s = _mm512_set1_ps(sfb_row[kb * p.sfb_s1] * kFp8Shift);
+          for (int64_t m = 0; m < mt; ++m) {
+            const float* ap = p.a + (m0 + m) * p.lda + kb * kBlockK;
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(ap), wf[0]);
+            for (int j = 1; j < kNumVecs; ++j) acc = _mm512_fmadd_ps(_mm512_loadu_ps(ap + 16 * j), wf[j], acc);
+            float* t = total.data() + m * 16;
+            _mm512_storeu_ps(t, _mm512_fmadd_ps(acc, s, _mm512_loadu_ps(t)));
+          }
+          continue;
+        }
+        const float sb = sfb_row[kb * p.sfb_s1] * kBf16DotShift;
+        for (int64_t m = 0; m < mt; ++m) {
+          const uint16_t* ap = p.a16 + (m0 + m) * p.lda + kb * kBlockK;
+          __m512 acc0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(ap), w[0]);
+          __m512 acc1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(ap + 32), w[1]);
+          acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(ap + 64), w[2]);
+          acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_loadu_si512(ap + 96), w[3]);
+          const __m512 s = _mm512_set1_ps(sb * p.sfa[(m0 + m) * k_blocks + kb]);
+          float* t = total.data() + m * 16;
+          _mm512_storeu_ps(t, _mm512_fmadd_ps(_mm512_add_ps(acc0, acc1), s, _mm512_loadu_ps(t)));
+        }
+      }
+      for (int64_t m = 0; m < mt; ++m) {
+        float v = _mm512_reduce_add_ps(_mm512_loadu_ps(total.data() + m * 16));
+        if (nan) v = std::nanf("");
+        const int64_t row = m0 + m;
+        if (p.c) v += load_any(p.c, p.c_dtype, row * p.ldc0 + n * p.ldc1);
+        store_any(p.d, p.d_dtype, row * p.ldd0 + n * p.ldd1, v);
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 void gemm_nt_rows(const cpu::GemmParams& p, int64_t n_begin, int64_t n_end) {
+#if defined(VENDORED_CPU_ISA_AVX512)
+  if (p.b_dtype == DType::kFloat8E4M3 && p.a16 != nullptr) return rows_fp8_bf16dot(p, n_begin, n_end);
+#endif
   if (p.b_dtype == DType::kFloat8E4M3) {
     rows_impl<true>(p, n_begin, n_end);
   } else {

@@ -12,6 +12,10 @@ namespace deep_gemm::cpu {
 struct GemmParams {
   const float* a = nullptr;  // [m, lda] fp32: A dequantized (sfa applied) or widened bf16, zero past k
   int64_t lda = 0;           // k rounded up to a multiple of 128
+  // AVX512-BF16 build, fp8 only (with `a`, used for blocks of B that hold e4m3 subnormals): A's e4m3
+  // values times 2^64 as bf16 (exact), [m, lda], zero past k, and sfa as [m, lda / 128] contiguous
+  const uint16_t* a16 = nullptr;
+  const float* sfa = nullptr;
   const void* b = nullptr;   // [n, k] rows of e4m3 or bf16, unit stride along k
   DType b_dtype = DType::kFloat8E4M3;
   int64_t ldb = 0;
@@ -37,3 +41,8 @@ struct GemmParams {
 DG_DECLARE_CPU_KERNELS(cpu_base)
 DG_DECLARE_CPU_KERNELS(cpu_avx2)
 DG_DECLARE_CPU_KERNELS(cpu_avx512)
+
+namespace deep_gemm::cpu {
+// 2^64: A's bf16 copy is scaled up so products with B's 2^-120-scaled bf16 stay normal fp32 numbers
+constexpr float kBf16DotAShift = 18446744073709551616.0f;
+}  // namespace deep_gemm::cpu
