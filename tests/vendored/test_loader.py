@@ -36,7 +36,7 @@ def test_missing_cuda_twin_keeps_cpu_and_refuses_cuda(tmp_path):
     # a CUDA build of torch whose vendored CUDA twin is absent: the CPU library still loads and
     # each op gets a CUDA kernel that raises with the library, op and cause (no GPU needed here)
     code = textwrap.dedent(f"""
-        import ast, shutil, torch, keel
+        import shutil, torch, keel
         from pathlib import Path
         import keel.vendored._loader as l
         src = Path(l.__file__).parent
@@ -44,15 +44,14 @@ def test_missing_cuda_twin_keeps_cpu_and_refuses_cuda(tmp_path):
         if not libs:
             print("SKIP no vendored library in this build"); raise SystemExit(0)
         torch.version.cuda = "13.0"
+        # the libraries' _ops modules load at import from the package folder: point it at the copies,
+        # so a CUDA twin present in this build (unloadable on CPU torch) is absent for the test
+        l._DIR = Path({str(tmp_path)!r})
         for folder in libs:
             dest = Path({str(tmp_path)!r}) / folder.name
             dest.mkdir()
             shutil.copy(folder / "_C.abi3.so", dest / "_C.abi3.so")
-            # NAMESPACE and OPS read from _ops.py's source: importing it would load the library already
-            tree = ast.parse((folder / "_ops.py").read_text())
-            names = {{t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                     for t in n.targets if isinstance(t, ast.Name) and t.id in ("NAMESPACE", "OPS")}}
-            mod = type("Names", (), names)
+            mod = __import__(f"keel.vendored.{{folder.name}}._ops", fromlist=["NAMESPACE", "OPS"])
             lib = l.load_vendored(folder.name, mod.NAMESPACE, mod.OPS, directory=dest)
             assert lib.cuda is None and "_C_cuda.abi3.so is missing" in lib.cuda_error, lib
             for op in mod.OPS:

@@ -1,0 +1,74 @@
+"""Arguments and runner of `keel-audit` (also `python -m keel_audit` and keel's `keel audit` verb)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .analysis import audit
+from .errors import AuditError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The audit's arguments on an existing parser."""
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a .whl, a directory, .so files, or an installed distribution name",
+    )
+    parser.add_argument(
+        "--target-torch",
+        metavar="X.Y",
+        help="fail on any shim symbol newer than X.Y (the oldest torch the wheel must load on)",
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="library (glob on path or file name) that may be unstable; stale patterns fail",
+    )
+    rules = parser.add_mutually_exclusive_group()
+    rules.add_argument(
+        "--strict",
+        action="store_true",
+        help="keel's own release policy: its linkage rules (static cudart, only libtorch_cpu/libtorch_cuda, "
+        "nothing of torch exported, torch>= equal to the floor) become errors",
+    )
+    rules.add_argument("--policy", metavar="FILE", help="a policy JSON file (see data/policy.json)")
+    parser.add_argument("--json", action="store_true", help="print the versioned JSON document instead")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the audit; 0 pass, 1 gate failed, 2 could not audit."""
+    try:
+        result = audit(
+            args.inputs, target_torch=args.target_torch, allow=args.allow, policy=args.policy, strict=args.strict
+        )
+    except AuditError as exc:
+        print(f"keel audit: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    try:
+        print(json.dumps(result.to_json(), indent=2) if args.json else result.render(), flush=True)
+    except BrokenPipeError:  # `keel-audit ... | head`: the reader left; the exit code still says it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return result.exit_code
+    if result.exit_code == 2:
+        print("keel audit: error: some libraries could not be read as ELF shared objects", file=sys.stderr)
+    elif result.exit_code == 1:
+        print("keel audit: gate failed: see the ERROR lines above", file=sys.stderr)
+    return result.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`keel-audit` / `python -m keel_audit` entry point."""
+    parser = argparse.ArgumentParser(
+        prog="keel-audit",
+        description="Audit the ELF objects of a wheel for torch stable-ABI compatibility. "
+        "Exit 0 pass, 1 an error-severity finding, 2 could not audit.",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,249 @@
+"""Read a wheel straight from its zip: refuse zip-slip names, symlinks, absurd sizes, duplicates."""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+import zipfile
+import zlib
+from pathlib import PurePosixPath
+
+from .errors import AuditInputError
+
+try:  # ISA-L inflates about twice as fast as zlib (optional: `pip install keel-audit[fast]`)
+    from isal import isal_zlib as _inflate_lib
+except ImportError:  # pragma: no cover - depends on the environment
+    _inflate_lib = zlib
+
+MAX_MEMBER = 8 << 30  # one member larger than 8 GiB is not a real extension
+MAX_TOTAL = 32 << 30  # nor is a wheel that unpacks to more than 32 GiB
+MAX_RATIO = 200  # compression ratio above which a large member is a zip bomb
+HEAD_WINDOW = 64 << 20  # bytes kept from the start of a member (MemberReader)
+CHUNK = 1 << 20  # inflate at most this many bytes per read; pieces are kept as they come
+MIN_READ = 64 << 10  # and at least this many (no tiny reads for headers)
+
+
+def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
+    """Validate every entry of the archive; AuditInputError names the first bad one."""
+    seen: set[str] = set()
+    total = 0
+    members = []
+    for info in zf.infolist():
+        name = info.filename
+        if name in seen:
+            raise AuditInputError(f"{label}: duplicate zip entry {name!r}; expected every name once")
+        seen.add(name)
+        _check_name(name, label)
+        mode = info.external_attr >> 16
+        if stat.S_ISLNK(mode):
+            raise AuditInputError(f"{label}: zip entry {name!r} is a symlink; expected regular files only")
+        if info.flag_bits & 0x1:
+            raise AuditInputError(f"{label}: zip entry {name!r} is encrypted; expected plain entries")
+        if info.file_size > MAX_MEMBER:
+            raise AuditInputError(
+                f"{label}: zip entry {name!r} claims {info.file_size} bytes; expected at most {MAX_MEMBER}"
+            )
+        if info.file_size > (64 << 20) and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+            raise AuditInputError(
+                f"{label}: zip entry {name!r} expands {info.file_size // max(info.compress_size, 1)}x; "
+                f"expected a ratio below {MAX_RATIO} (zip bomb?)"
+            )
+        total += info.file_size
+        if total > MAX_TOTAL:
+            raise AuditInputError(
+                f"{label}: entries add up to more than {MAX_TOTAL} bytes; expected a real wheel"
+            )
+        if not name.endswith("/"):
+            members.append(info)
+    return members
+
+
+def _check_name(name: str, label: str) -> None:
+    """Refuse absolute paths, `..` components, backslashes and NULs (zip-slip)."""
+    parts = PurePosixPath(name).parts
+    if (
+        name.startswith("/")
+        or "\\" in name
+        or "\0" in name
+        or (len(name) > 1 and name[1] == ":")
+        or ".." in parts
+        or not parts
+    ):
+        raise AuditInputError(
+            f"{label}: unsafe zip entry name {name!r}; expected a relative path inside the wheel"
+        )
+
+
+def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, fd: int | None = None) -> MemberReader:
+    """Member contents as a streamed, chunked view (nothing is written to disk).
+
+    With `fd` (the wheel opened read-only), deflated and stored members are read with positional
+    reads and inflated by ISA-L when installed (zlib otherwise), so several members can be read by
+    several threads at once; without it, through zipfile.
+    """
+    return MemberReader(zf, info, fd)
+
+
+class _RawStream:
+    """A deflated or stored member read straight from the archive: positional reads, ISA-L or zlib,
+    CRC-32 checked when the stream reaches the member's end."""
+
+    IN_CHUNK = 256 << 10
+
+    def __init__(self, fd: int, info: zipfile.ZipInfo, first: int = 0) -> None:
+        """`first`: compressed bytes to read together with the local header (one read for a sniff)."""
+        guess = 30 + len(info.orig_filename.encode()) + len(info.extra)
+        block = os.pread(fd, guess + min(first, info.compress_size), info.header_offset)
+        if len(block) < 30 or block[:4] != b"PK\x03\x04":
+            raise zipfile.BadZipFile(f"bad local file header for {info.filename!r}")
+        name_len, extra_len = struct.unpack_from("<HH", block, 26)
+        self.fd, self.info = fd, info
+        self.at = info.header_offset + 30 + name_len + extra_len
+        self.end = self.at + info.compress_size
+        self.inflate = _inflate_lib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+        skip = 30 + name_len + extra_len
+        self.tail = block[skip : skip + info.compress_size] if first else b""  # compressed input not consumed yet
+        self.at += len(self.tail)
+        self.out = 0
+        self.crc = 0
+
+    def read(self, n: int) -> bytes:
+        """Up to `n` more bytes of the member (fewer is fine); b"" at its end."""
+        while True:
+            if not self.tail and self.at < self.end:
+                self.tail = os.pread(self.fd, min(self.IN_CHUNK, self.end - self.at), self.at)
+                if not self.tail:
+                    raise EOFError("archive ends inside the member")
+                self.at += len(self.tail)
+            if self.inflate is None:
+                data, self.tail = self.tail[:n], self.tail[n:]
+            elif not self.inflate.eof:  # also with no input left: inflated output may be pending
+                data = self.inflate.decompress(self.tail, n)
+                self.tail = self.inflate.unconsumed_tail
+            else:
+                data = b""
+            if data or (not self.tail and self.at >= self.end):
+                break
+        size = self.info.file_size
+        if not data:
+            if self.out != size:
+                raise EOFError(f"{self.info.filename!r} ends after {self.out} of {size} bytes")
+            if size == 0 and self.info.CRC != 0:
+                raise zipfile.BadZipFile(f"Bad CRC-32 for file {self.info.filename!r}")
+            return b""
+        self.out += len(data)
+        self.crc = _inflate_lib.crc32(data, self.crc)
+        if self.out > size:
+            raise zipfile.BadZipFile(f"{self.info.filename!r} inflates past its size {size}")
+        if self.out == size and self.crc != self.info.CRC:
+            raise zipfile.BadZipFile(f"Bad CRC-32 for file {self.info.filename!r}")
+        return data
+
+    def close(self) -> None:
+        self.tail = b""
+
+
+def _unreadable(info: zipfile.ZipInfo, exc: Exception) -> AuditInputError:
+    return AuditInputError(f"zip entry {info.filename!r}: cannot be read ({exc}); expected an intact wheel")
+
+
+class MemberReader:
+    """Random access to a member, inflated lazily from its start, only as far as reads reach.
+
+    Pieces in the first HEAD_WINDOW bytes and every range read are kept as they come (no big
+    buffer); a read behind the stream outside those restarts the stream. zipfile checks the CRC
+    when a pass reaches the end of the member: the section-header path (which reads the table at
+    the end) checks it, the dynamic-segment path (elfdyn.py) usually stops early and does not.
+    """
+
+    streamed = True  # elf.read_elf tries the dynamic segment first
+
+    def __init__(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, fd: int | None = None) -> None:
+        self.zf, self.info, self.size, self.fd = zf, info, info.file_size, fd
+        self.kept: list[tuple[int, bytes]] = []  # (offset, bytes), sorted by offset
+        self.pos = 0  # bytes inflated by the current pass
+        self.passes = 0
+        self._fh: zipfile.ZipExtFile | _RawStream | None = None
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset + size), short at the end of the member like a file read."""
+        end = min(offset + size, self.size)
+        if offset >= end:
+            return b""
+        got = self._cover(offset, end)
+        if got is None:
+            self._advance(offset, end)
+            got = self._cover(offset, end)
+        if got is None:  # the member is shorter than its directory entry says
+            raise _unreadable(self.info, EOFError(f"no bytes at offset {offset}"))
+        return got
+
+    def _cover(self, lo: int, hi: int) -> bytes | None:
+        """[lo, hi) from kept pieces, or None when a part of it was not kept."""
+        out: list[bytes] = []
+        for start, data in self.kept:
+            if start <= lo < start + len(data):
+                out.append(data[lo - start : hi - start] if (lo, hi) != (start, start + len(data)) else data)
+                lo += len(out[-1])
+                if lo >= hi:
+                    return out[0] if len(out) == 1 else b"".join(out)
+        return None
+
+    def _advance(self, lo: int, hi: int) -> None:
+        """Inflate up to `hi` (restarting when [lo, pos) was not kept), keeping [lo, hi) and the head window."""
+        try:
+            if self._fh is None or (lo < self.pos and self._cover(lo, min(hi, self.pos)) is None):
+                if self._fh is not None:
+                    self._fh.close()
+                self._fh, self.pos = self._open(), 0
+                self.passes += 1
+            while self.pos < hi:
+                chunk = self._fh.read(min(CHUNK, max(hi - self.pos, MIN_READ)))
+                if not chunk:
+                    break
+                pos, end = self.pos, self.pos + len(chunk)
+                for keep_lo, keep_hi in ((0, HEAD_WINDOW), (lo, hi)):
+                    if keep_lo <= pos and end <= keep_hi:
+                        self._keep(pos, chunk)
+                        break
+                    if keep_lo < end and keep_hi > pos:
+                        self._keep(max(keep_lo, pos), chunk[max(keep_lo - pos, 0) : min(keep_hi, end) - pos])
+                self.pos = end
+            if self.pos >= self.size:  # read past the end: zipfile checks the CRC here
+                self._fh.read(1)
+                self._fh.close()
+                self._fh = None
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, _inflate_lib.error) as exc:
+            raise _unreadable(self.info, exc) from None
+        self.kept.sort(key=lambda piece: piece[0])
+
+    def _open(self) -> zipfile.ZipExtFile | _RawStream:
+        raw = self.fd is not None and self.info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+        return _RawStream(self.fd, self.info) if raw else self.zf.open(self.info)  # type: ignore[arg-type]
+
+    def _keep(self, offset: int, data: bytes) -> None:
+        if not self._cover(offset, offset + len(data)):
+            self.kept.append((offset, data))
+
+
+def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18, fd: int | None = None) -> bytes:
+    """First bytes of a member (ELF sniffing) without reading all of it (with `fd`: one positional
+    read of its first compressed bytes, no zipfile machinery per member)."""
+    if fd is not None and info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        try:
+            stream = _RawStream(fd, info, first=1024)  # a deflate block header fits, usually
+            stream.IN_CHUNK = 4096
+            out = b""
+            while len(out) < size and (piece := stream.read(size - len(out))):
+                out += piece
+            return out
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, _inflate_lib.error) as exc:
+            raise _unreadable(info, exc) from None
+    try:
+        with zf.open(info) as fh:
+            return fh.read(size)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise AuditInputError(
+            f"zip entry {info.filename!r}: cannot be read ({exc}); expected an intact wheel"
+        ) from None
