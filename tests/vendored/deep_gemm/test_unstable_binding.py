@@ -12,7 +12,7 @@ import pytest
 import torch
 from dg_reference import fp8_reference
 
-from keel.audit import audit
+from keel_audit import audit
 from keel.vendored import deep_gemm as dg
 
 HERE = Path(__file__).resolve().parent
@@ -87,7 +87,7 @@ def test_upstream_style_binding_is_unstable_adapter_is_stable(tmp_path):
     assert la.unstable_symbols, "an at::Tensor binding must need unstable libtorch/libc10 symbols"
 
     adapter = Path(dg.LIBRARY.cpu)
-    stable = audit([str(adapter)], target_torch="2.10", require_stable=True)
+    stable = audit([str(adapter)], target_torch="2.10", strict=True)
     (sa,) = stable.libraries
     assert sa.verdict == "STABLE" and sa.torch_floor == "2.10" and not sa.unstable_symbols, stable.render()
 
