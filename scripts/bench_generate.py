@@ -6,10 +6,15 @@
 
 keel is the installed one (run it with the interpreter of an environment that has the wheel installed);
 the checkout is never put on sys.path, so an unbuilt source tree cannot shadow the wheel.
+    python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --engines keel --batch-sizes 8 \
+        --prompt-len 1024 --new-tokens 64        # decode at batch 8 with ~1k tokens of context
+    python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --second-turn 1024
+        # time to first token of a conversation's second turn, keel with vs without prefix caching
 
 Each engine runs in its own subprocess so that peak memory (max RSS, or CUDA max allocated) is its own; each
 measurement runs --repeats times and the best is kept (shared CPUs are noisy). Decode tokens/s counts the
-tokens after the first (the first comes out of prefill).
+tokens after the first (the first comes out of prefill). Every keel run gets prompts it has not seen, so
+its prefix cache never serves the throughput rows.
 """
 
 from __future__ import annotations
@@ -62,30 +67,51 @@ def peak_memory_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def prompts_for(batch: int, prompt_len: int, vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(batch)
+def prompts_for(batch: int, prompt_len: int, vocab: int, run: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(batch * 1000 + run)
     return torch.randint(1, vocab, (batch, prompt_len), generator=g).tolist()
+
+
+def run_second_turn(args: argparse.Namespace) -> dict:
+    """Time to first token of turn 2 (turn 1's prompt + reply + a new question) with and without prefix caching."""
+    from keel.engine import LLM, SamplingParams
+
+    rows = {}
+    for caching in (True, False):
+        llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False, enable_prefix_caching=caching)
+        vocab = llm.config.vocab_size
+        best = float("inf")
+        for run in range(args.repeats + 1):  # run 0 warms up
+            turn1 = prompts_for(1, args.second_turn, vocab, 100 + run)[0]
+            reply = llm.generate([turn1], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+            turn2 = turn1 + reply.token_ids + prompts_for(1, 16, vocab, 200 + run)[0]
+            out = llm.generate([turn2], SamplingParams(max_tokens=1, ignore_eos=True))[0]
+            if run:
+                best = min(best, out.ttft_s)
+        rows["on" if caching else "off"] = {"ttft_s": best, "cached_tokens": out.num_cached_tokens}
+        del llm
+    return rows
 
 
 def run_keel(args: argparse.Namespace) -> dict:
     from keel.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False, quantization=args.quantization)
     vocab = llm.config.vocab_size
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
-    llm.generate(prompts_for(1, args.prompt_len, vocab), SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+    llm.generate(prompts_for(1, args.prompt_len, vocab, 1), SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
     rows = {}
     for b in args.batch_sizes:
-        llm.generate(prompts_for(b, args.prompt_len, vocab), SamplingParams(max_tokens=4, ignore_eos=True))
+        llm.generate(prompts_for(b, args.prompt_len, vocab, 2), SamplingParams(max_tokens=4, ignore_eos=True))
         if args.profile and b == args.batch_sizes[0]:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                llm.generate(prompts_for(b, args.prompt_len, vocab), SamplingParams(max_tokens=32, ignore_eos=True))
+                llm.generate(prompts_for(b, args.prompt_len, vocab, 3), SamplingParams(max_tokens=32, ignore_eos=True))
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), file=sys.stderr)
         best = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0}
-        for _ in range(args.repeats):
-            llm.generate(prompts_for(b, args.prompt_len, vocab), params)
+        for run in range(args.repeats):
+            llm.generate(prompts_for(b, args.prompt_len, vocab, 10 + run), params)
             s = llm.stats
             best["prefill_tok_s"] = max(best["prefill_tok_s"], s.prefill_tokens / s.prefill_s)
             best["decode_tok_s"] = max(best["decode_tok_s"], s.decode_tokens / s.decode_s)
@@ -135,6 +161,7 @@ def main() -> None:
     )
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"], help="keel weights: fp8 = FP8 GEMM")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -142,6 +169,13 @@ def main() -> None:
     p.add_argument("--engines", nargs="+", default=["keel", "transformers"], choices=["keel", "transformers"])
     p.add_argument("--profile", action="store_true", help="print a torch.profiler table of keel's first batch size")
     p.add_argument("--tiny", action="store_true", help="smoke run: tiny prompt, 4 new tokens, batch 1 and 2, once")
+    p.add_argument(
+        "--second-turn",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="instead: time to first token of a second turn after a TOKENS-long first one, prefix caching on vs off",
+    )
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.tiny:
@@ -156,6 +190,14 @@ def main() -> None:
     if args._worker:
         print(json.dumps(run_keel(args) if args._worker == "keel" else run_hf(args)))
         return
+    if args.second_turn:
+        rows = run_second_turn(args)
+        print(f"model {args.model}, dtype {args.dtype}, first turn {args.second_turn} tokens + 32 generated + 16 new")
+        print("| prefix caching | turn-2 TTFT s | tokens from cache |\n|---|---|---|")
+        for name, row in rows.items():
+            print(f"| {name} | {row['ttft_s']:.3f} | {row['cached_tokens']} |")
+        print(f"turn-2 TTFT: caching off / on = {rows['off']['ttft_s'] / rows['on']['ttft_s']:.2f}x")
+        return
     results = {}
     for engine in args.engines:
         cmd = [
@@ -169,6 +211,8 @@ def main() -> None:
             args.dtype,
             "--device",
             args.device,
+            "--quantization",
+            args.quantization,
             "--prompt-len",
             str(args.prompt_len),
             "--new-tokens",

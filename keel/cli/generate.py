@@ -25,6 +25,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         choices=("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16"),
         help="auto: bf16 where supported, else fp32",
     )
+    p.add_argument("--quantization", default="none", choices=("none", "fp8"), help="fp8: block-scaled FP8 weights")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
@@ -56,7 +57,7 @@ def load_llm(args: argparse.Namespace) -> Any:
     from keel.hf.resolve import DEFAULT_MODEL
 
     model = args.model or DEFAULT_MODEL
-    llm = LLM(model, dtype=args.dtype, device=args.device, revision=args.revision)
+    llm = LLM(model, dtype=args.dtype, device=args.device, revision=args.revision, quantization=args.quantization)
     print(f"keel: {model} ({llm.config.architecture}, {llm.dtype}, {llm.device})", file=sys.stderr)
     return llm
 
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     decode = s.decode_tokens / s.decode_s if s.decode_s else 0.0
     print(
         f"keel: {sum(len(o.token_ids) for o in outputs)} tokens, prefill {s.prefill_tokens} tokens in "
-        f"{s.prefill_s:.2f} s, decode {decode:.1f} tokens/s, stop: {outputs[0].finish_reason}",
+        f"{s.prefill_s:.2f} s, decode {decode:.1f} tokens/s, finish: {outputs[0].finish_reason}",
         file=sys.stderr,
     )
     return 0

@@ -23,6 +23,7 @@ class AttnMetadata:
     slot_mapping: torch.Tensor  # [T] int64: flat cache slot of each new token
     cu_seqlens_q: torch.Tensor  # [B+1] int32
     seqused_k: torch.Tensor  # [B] int32: context length (cached + new) of each sequence
+    cu_seqlens_k: torch.Tensor  # [B+1] int32: prefix sums of seqused_k
     block_tables: torch.Tensor  # [B, max_blocks] int32 (padding rows point at block 0, never read)
     max_seqlen_q: int
     max_seqlen_k: int

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from keel.engine.fp8_linear import check_quantization, quantize_linears
 from keel.engine.runner import ModelRunner, load_model
 from keel.engine.sampler import sample
 from keel.engine.sampling_params import SamplingParams
@@ -82,6 +83,7 @@ class LLMEngine:
         enable_prefix_caching: bool = True,
         progress: bool = True,
         cpu_prepack: bool = True,
+        quantization: str | None = None,
     ) -> None:
         from keel.engine.llm import resolve_dtype  # llm.py builds on this module
 
@@ -94,6 +96,9 @@ class LLMEngine:
         self.dtype = resolve_dtype(dtype, self.device)
         self.tokenizer = Tokenizer(self.folder)
         self.model = load_model(self.folder, self.config, self.dtype, self.device, progress=progress)
+        self.quantization = check_quantization(quantization)
+        if self.quantization == "fp8":  # FP8 weights through the vendored fp8_gemm_nt (keel/engine/fp8_linear.py)
+            quantize_linears(self.model)
         self.runner = ModelRunner(self.model, block_size, cpu_prepack, enable_prefix_caching)
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
         self.max_kv_cache_bytes = max_kv_cache_bytes

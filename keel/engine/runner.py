@@ -3,6 +3,7 @@ into one varlen forward pass."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -106,13 +107,15 @@ class ModelRunner:
             slots += (table[p // bs] * bs + p % bs for p in range(start, end))
             cu.append(cu[-1] + end - start)
         width = max(len(s.block_table) for s in seqs)
+        lens_k = [len(s.token_ids) for s in seqs]
         ctx = AttnMetadata(
             slot_mapping=self._tensor(slots),
             cu_seqlens_q=self._tensor(cu, torch.int32),
-            seqused_k=self._tensor([len(s.token_ids) for s in seqs], torch.int32),
+            seqused_k=self._tensor(lens_k, torch.int32),
+            cu_seqlens_k=self._tensor([0, *itertools.accumulate(lens_k)], torch.int32),
             block_tables=self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32),
             max_seqlen_q=max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True)),
-            max_seqlen_k=max(len(s.token_ids) for s in seqs),
+            max_seqlen_k=max(lens_k),
         )
         return self._tensor(ids), self._tensor(positions), ctx
 

@@ -3,6 +3,8 @@ prefixes, decode steps, GQA, sliding windows, shuffled block tables."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from tiny_checkpoints import needs_ops
@@ -54,6 +56,7 @@ def run_case(ctx_lens, new_lens, heads, kv_heads, window, block_size=4, head_dim
         slot_mapping=torch.tensor(slots),
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
         seqused_k=torch.tensor(ctx_lens, dtype=torch.int32),
+        cu_seqlens_k=torch.tensor([0, *itertools.accumulate(ctx_lens)], dtype=torch.int32),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
         max_seqlen_q=max(new_lens),
         max_seqlen_k=max(ctx_lens),

@@ -1,0 +1,99 @@
+"""Decode-shape GEMM speed on CPU: keel's vendored fp8_gemm_nt vs keel's bf16 `keel.ops.linear` vs torch bf16 matmul.
+
+    python scripts/bench_gemm.py                 # SmolLM2-135M's layers and an 8B model's, M = 1, 8, 32
+    python scripts/bench_gemm.py --shapes 8b --m 1
+
+All peers run in the same process, alternating round by round; each cell is the median over rounds of the
+mean time of a few back-to-back calls. `fp8` is fp8_gemm_nt alone (weights and activations cast beforehand);
+`fp8+cast` adds the per-token activation cast that the engine's Fp8Linear pays on every call. Ratios > 1 mean
+fp8 is faster. The weight is [N, K] (N outputs), as in nn.Linear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import keel
+from keel.vendored import deep_gemm as dg
+
+SHAPES = {
+    # SmolLM2-135M: fused qkv, o_proj, fused gate_up, down_proj, lm_head (N, K)
+    "smollm2": [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)],
+    # a Llama-3-8B-sized model: q/o_proj, gate/up_proj, down_proj
+    "8b": [(4096, 4096), (14336, 4096), (4096, 14336)],
+}
+
+
+def _time(fn: Callable[[], object], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def bench_shape(n: int, k: int, m: int, rounds: int) -> dict[str, float]:
+    """Median seconds per call of each peer for x [m, k] @ w[n, k].T."""
+    w = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    qw = dg.per_block_cast_to_fp8(w)  # 128x128 weight blocks, as the engine uses (recipe (1, 128, 128))
+    qx = dg.per_token_cast_to_fp8(x)
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    recipe = (1, 128, 128)
+
+    def fp8() -> None:
+        dg.fp8_gemm_nt(qx, qw, d, recipe=recipe)
+
+    def fp8_cast() -> None:
+        dg.fp8_gemm_nt(dg.per_token_cast_to_fp8(x), qw, d, recipe=recipe)
+
+    peers: dict[str, Callable[[], object]] = {
+        "fp8": fp8,
+        "fp8+cast": fp8_cast,
+        "keel bf16": lambda: keel.ops.linear(x, w),
+        "torch bf16": lambda: x @ w.T,
+    }
+    calls = max(3, min(200, int(2e8 // (n * k))))  # ~0.1-0.2 s of work per sample
+    for fn in peers.values():  # warm up (page in, pool threads)
+        _time(fn, 2)
+    samples: dict[str, list[float]] = {name: [] for name in peers}
+    for _ in range(rounds):
+        for name, fn in peers.items():
+            samples[name].append(_time(fn, calls))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=["smollm2", "8b"], choices=sorted(SHAPES))
+    p.add_argument("--m", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}")
+    print(
+        "| model | N x K | M | fp8 us | fp8+cast us | keel bf16 us | torch bf16 us | keel/fp8 | torch/fp8 | fp8 GB/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for model in args.shapes:
+        for n, k in SHAPES[model]:
+            for m in args.m:
+                t = bench_shape(n, k, m, args.rounds)
+                gbs = n * k / t["fp8"] / 1e9  # fp8 weight bytes streamed per second
+                print(
+                    f"| {model} | {n} x {k} | {m} | {t['fp8'] * 1e6:.0f} | {t['fp8+cast'] * 1e6:.0f} | "
+                    f"{t['keel bf16'] * 1e6:.0f} | {t['torch bf16'] * 1e6:.0f} | {t['keel bf16'] / t['fp8']:.2f} | "
+                    f"{t['torch bf16'] / t['fp8']:.2f} | {gbs:.1f} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
