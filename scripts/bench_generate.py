@@ -4,12 +4,13 @@
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random   # same shapes, random weights
     python scripts/bench_generate.py --tiny ...   # smoke run: 8-token prompts, 4 new tokens, batch 1 and 2, once
 
-keel is the installed one (run it with the interpreter of an environment that has the wheel installed);
-the checkout is never put on sys.path, so an unbuilt source tree cannot shadow the wheel.
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --engines keel --batch-sizes 8 \
         --prompt-len 1024 --new-tokens 64        # decode at batch 8 with ~1k tokens of context
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --second-turn 1024
         # time to first token of a conversation's second turn, keel with vs without prefix caching
+
+keel is the installed one (run it with the interpreter of an environment that has the wheel installed);
+the checkout is never put on sys.path, so an unbuilt source tree cannot shadow the wheel.
 
 Each engine runs in its own subprocess so that peak memory (max RSS, or CUDA max allocated) is its own; each
 measurement runs --repeats times and the best is kept (shared CPUs are noisy). Decode tokens/s counts the
