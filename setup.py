@@ -73,7 +73,7 @@ class CMakeBuild(build_ext):
         subprocess.run(configure, check=True)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.run([tool("cmake"), "--build", str(build_dir), "-j", jobs], check=True)
-        self.built_libraries = sorted(out_dir.glob("*.abi3.so"))
+        self.built_libraries = sorted(out_dir.rglob("*.abi3.so"))  # vendored libraries sit in subfolders
         if not self.built_libraries:
             raise RuntimeError(f"keel: the CMake build produced no *.abi3.so in {out_dir}")
 

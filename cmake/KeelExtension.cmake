@@ -3,9 +3,10 @@
 #   sources: baseline x86-64, and AVX2+FMA+F16C. ops/cpu_isa.cpp picks one at run time.
 #   Kernel sources get no torch include path, so a stray torch include fails to build.
 #
-# keel_add_library(NAME SOURCES ... [OBJECTS ...] [DEFINITIONS ...] TORCH_LIBS ... [LINK ...])
-#   One stable-ABI shared library keel/NAME.abi3.so: hidden visibility, no RPATH,
-#   C++17, linked against the given torch libraries (never libc10.so).
+# keel_add_library(NAME SOURCES ... [OBJECTS ...] [DEFINITIONS ...] TORCH_LIBS ... [LINK ...]
+#                  [OUTPUT_NAME N] [SUBDIR D] [INCLUDES ...])
+#   One stable-ABI shared library keel/[D/]N.abi3.so (N defaults to NAME): hidden visibility,
+#   no RPATH, C++17, linked against the given torch libraries (never libc10.so).
 
 set(KEEL_CXX_FLAGS -O3 -fvisibility=hidden -fvisibility-inlines-hidden -fopenmp-simd
     -Wall -Wextra -Wno-unused-parameter)
@@ -28,8 +29,16 @@ function(keel_add_cpu_kernels name)
 endfunction()
 
 function(keel_add_library name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;OBJECTS;DEFINITIONS;TORCH_LIBS;LINK" ${ARGN})
+  cmake_parse_arguments(ARG "" "OUTPUT_NAME;SUBDIR" "SOURCES;OBJECTS;DEFINITIONS;TORCH_LIBS;LINK;INCLUDES" ${ARGN})
+  if(NOT ARG_OUTPUT_NAME)
+    set(ARG_OUTPUT_NAME ${name})
+  endif()
+  set(_dest keel)
+  if(ARG_SUBDIR)
+    set(_dest keel/${ARG_SUBDIR})
+  endif()
   add_library(${name} MODULE ${ARG_SOURCES})
+  target_include_directories(${name} PRIVATE ${ARG_INCLUDES})
   foreach(obj IN LISTS ARG_OBJECTS)
     target_sources(${name} PRIVATE $<TARGET_OBJECTS:${obj}>)
   endforeach()
@@ -38,11 +47,15 @@ function(keel_add_library name)
   target_compile_features(${name} PRIVATE cxx_std_17)
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${KEEL_CXX_FLAGS}>)
   set_target_properties(${name} PROPERTIES
-    PREFIX "" SUFFIX ".abi3.so"
+    OUTPUT_NAME ${ARG_OUTPUT_NAME} PREFIX "" SUFFIX ".abi3.so"
     SKIP_BUILD_RPATH ON INSTALL_RPATH "" BUILD_WITH_INSTALL_RPATH OFF
     CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
   # every symbol must resolve against the listed libraries (catches a missing stub entry)
   target_link_options(${name} PRIVATE -Wl,--no-undefined -Wl,--as-needed -Wl,-z,now)
-  install(TARGETS ${name} LIBRARY DESTINATION keel)
-  message(STATUS "keel: building ${name}.abi3.so against ${ARG_TORCH_LIBS}")
+  if(ARG_SUBDIR)
+    # setup.py points CMAKE_LIBRARY_OUTPUT_DIRECTORY at the package folder keel/
+    set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${CMAKE_LIBRARY_OUTPUT_DIRECTORY}/${ARG_SUBDIR}")
+  endif()
+  install(TARGETS ${name} LIBRARY DESTINATION ${_dest})
+  message(STATUS "keel: building ${_dest}/${ARG_OUTPUT_NAME}.abi3.so against ${ARG_TORCH_LIBS}")
 endfunction()

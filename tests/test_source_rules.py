@@ -46,3 +46,15 @@ def test_cpu_kernels_are_torch_free():
     for path in (ROOT / "csrc" / "ops").glob("*_cpu.cpp") if (ROOT / "csrc").is_dir() else ():
         for inc in _includes(path):
             assert not inc.startswith("stable/") or inc == "stable/kernel_types.h", f"{path.name} includes {inc}"
+
+
+KEEL_HEADERS = re.compile(r"^(stable/|ops/|common/adapter\.h|adapters/)")
+
+
+def test_vendored_deps_know_neither_keel_nor_torch():
+    # vendored_deps/ keeps its upstream shape: it includes no torch header and nothing of keel;
+    # adapters/ is the only code that sees both worlds
+    for path in (p for p in SOURCES if p.relative_to(ROOT).parts[0] == "vendored_deps"):
+        for inc in _includes(path):
+            rel = path.relative_to(ROOT).as_posix()
+            assert not inc.startswith("torch/") and not KEEL_HEADERS.match(inc), f"{rel} includes <{inc}>"

@@ -1,0 +1,94 @@
+"""Loading one vendored library: `_C.abi3.so`, plus `_C_cuda.abi3.so` on a CUDA build of torch.
+
+The CPU library holds the schemas (the library's op namespace) and CPU kernels and must load.
+A CUDA twin that is missing or cannot load leaves the CPU ops working; the reason is kept, and a
+CUDA tensor reaching one of the library's ops raises an error that names the op and the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from keel import _native
+
+_DIR = Path(__file__).resolve().parent
+_loaded: dict[str, VendoredLibrary] = {}
+_cuda_refusals: dict[str, object] = {}  # qualname -> the CUDA kernel registered when the twin is absent
+
+
+class VendoredLibraryError(ImportError):
+    """A vendored library could not be loaded; the message names the library and the cause."""
+
+
+@dataclass(frozen=True, slots=True)
+class VendoredLibrary:
+    """What loading a vendored library found: its files, its op namespace, and the CUDA twin's state."""
+
+    name: str
+    namespace: str
+    ops: tuple[str, ...]  # op names of `namespace` (schemas in adapters/<name>/bindings.cpp)
+    cpu: Path
+    cuda: Path | None  # loaded CUDA twin, or None
+    cuda_error: str | None  # why the CUDA twin is not loaded (None when loaded or not wanted)
+
+
+def _load_file(name: str, path: Path) -> None:
+    if not path.is_file():
+        raise VendoredLibraryError(
+            f"keel.vendored.{name}: native library {path.name} is missing from {path.parent}; "
+            "this keel was built without it (build the wheel: see README 'Building')"
+        )
+    try:
+        torch.ops.load_library(str(path))
+    except OSError as exc:
+        raise VendoredLibraryError(
+            f"keel.vendored.{name}: cannot load {path} with torch {torch.__version__}: {exc}"
+        ) from exc
+
+
+def _refuse_cuda(namespace: str, ops: list[str], reason: str) -> None:
+    """Register a CUDA kernel per op that raises `reason` (only when the CUDA twin is absent)."""
+    for op in ops:
+        qualname = f"{namespace}::{op}"
+
+        def kernel(*args, _op: str = qualname, **kwargs):
+            raise RuntimeError(f"{_op}: got CUDA tensors, but {reason}")
+
+        torch.library.impl(qualname, "CUDA")(kernel)
+        _cuda_refusals[qualname] = kernel
+
+
+def load_vendored(name: str, namespace: str, ops: list[str], directory: Path | None = None) -> VendoredLibrary:
+    """Load `keel/vendored/<name>/_C.abi3.so` (+ CUDA twin on CUDA torch) once; `ops` are the
+    op names of `namespace` that get a clear CUDA error when the twin cannot load."""
+    if name in _loaded:
+        return _loaded[name]
+    floor = _native._floor()
+    if _native.torch_version() < floor:
+        raise VendoredLibraryError(
+            f"keel.vendored.{name} needs torch>={floor[0]}.{floor[1]}, but torch {torch.__version__} is installed"
+        )
+    folder = directory or _DIR / name
+    cpu = folder / "_C.abi3.so"
+    _load_file(name, cpu)
+    cuda: Path | None = None
+    cuda_error: str | None = None
+    if torch.version.cuda:
+        path = folder / "_C_cuda.abi3.so"
+        try:
+            _load_file(name, path)
+            cuda = path
+        except VendoredLibraryError as exc:
+            cuda_error = str(exc)
+            _refuse_cuda(namespace, ops, f"its CUDA library could not be loaded ({exc})")
+    lib = VendoredLibrary(name, namespace, tuple(ops), cpu, cuda, cuda_error)
+    _loaded[name] = lib
+    return lib
+
+
+def loaded_vendored() -> dict[str, VendoredLibrary]:
+    """Vendored libraries loaded so far, by name."""
+    return dict(_loaded)
