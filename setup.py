@@ -6,9 +6,10 @@ Environment options (all optional):
   KEEL_TORCH_TARGET=2.10   oldest torch whose stable ABI the libraries may use
   MAX_JOBS=N               parallel compile jobs
 
-Building a wheel also audits every native library it produced (keel.audit, loaded from
-the source tree) against KEEL_TORCH_TARGET, fails on any finding, and writes the
-audit's torch floor into the wheel's `torch>=` requirement.
+Building a wheel also audits every native library it produced (every *.abi3.so under the
+build output, vendored ones included) with keel-audit's strict policy against
+KEEL_TORCH_TARGET (keel-audit must be installed: `pip install ./audit`), fails on any error,
+and writes the audit's torch floor into the wheel's `torch>=` requirement.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ def tool(name: str) -> str:
 
 
 def load_audit():
-    """keel.audit from the source tree, without importing keel (whose libraries are not built yet)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from audit_source import load
-
-    return load()
+    """The installed keel-audit distribution (built from audit/; it imports neither torch nor keel)."""
+    try:
+        import keel_audit
+    except ImportError:
+        raise SystemExit("keel: building the wheel needs keel-audit for its release gate; "
+                         "install it first: pip install ./audit") from None
+    return keel_audit
 
 
 class CMakeBuild(build_ext):
@@ -87,9 +90,9 @@ class AuditedWheel(bdist_wheel):
 
     def run(self) -> None:
         self.run_command("build_ext")
-        libs = self.get_finalized_command("build_ext").built_libraries
+        libs = self.get_finalized_command("build_ext").built_libraries  # every *.abi3.so, vendored too
         audit = load_audit()
-        result = audit.audit([str(p) for p in libs], target_torch=TORCH_TARGET, require_stable=True)
+        result = audit.audit([str(p) for p in libs], target_torch=TORCH_TARGET, strict=True)
         print(result.render())
         if not result or not result.torch_floor:
             raise SystemExit(f"keel: audit of {', '.join(p.name for p in libs)} failed "
@@ -116,7 +119,6 @@ RUNTIME_REQUIRES = [
     "huggingface_hub>=0.23",
     "jinja2>=3.1",
     "tqdm",
-    "pyelftools>=0.31",
 ]
 
 setup(

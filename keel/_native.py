@@ -1,32 +1,73 @@
 """Loads keel's native libraries through torch (no CPython extension API is involved).
 
-`_C` (CPU kernels) always loads; `_C_cuda` only when this torch is a CUDA build. A
-failure says why: torch older than the floor the wheel was audited for, a missing
+`_C` (CPU kernels) always loads; `_C_cuda` only when this torch is a CUDA build, and its absence
+(a wheel built with KEEL_CUDA=off) or a failed load is not fatal: the CPU ops keep working and
+a CUDA tensor reaching a keel op gets an error naming the op and saying why there is no kernel.
+A fatal failure says why: torch older than the floor the wheel was audited for, a missing
 file, or the loader's own message (an unresolved symbol names the torch it expected).
+
+`load_pair` is the generic part, shared with the vendored libraries (keel/vendored/<name>/).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from keel._oplist import KEEL_OPS
 
 # Oldest torch whose stable ABI the libraries use; builds target it (TORCH_TARGET_VERSION).
 TORCH_FLOOR = (2, 10)
 
+# Accepted values of KEEL_CPU_ISA (csrc/ops/cpu_isa.cpp reads it; unset means auto).
+CPU_ISA_NAMES = ("auto", "base", "avx2")
+
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _loaded: dict[str, Path] = {}
+_status: dict[str, LoadStatus] = {}
+# torch.library registrations of the "no CUDA kernel" stubs; kept alive for the process
+_stub_libraries: list[Any] = []
 
 
 class NativeLibraryError(ImportError):
     """keel's native library could not be loaded; the message says why and what to do."""
 
 
+@dataclass(frozen=True, slots=True)
+class LoadStatus:
+    """What `load_pair` did for one library pair: the CPU library, and the CUDA one or why not."""
+
+    namespace: str
+    cpu: Path
+    cuda: Path | None
+    cuda_reason: str | None  # why `cuda` is None on a CUDA torch; None when loaded or not wanted
+
+    @property
+    def cuda_ok(self) -> bool:
+        """True when CUDA tensors reach real kernels (or this torch has no CUDA)."""
+        return self.cuda_reason is None
+
+
 def torch_version() -> tuple[int, int]:
     """(major, minor) of the running torch."""
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     return int(major), int(minor)
+
+
+def check_cpu_isa_env() -> None:
+    """Refuse an unknown KEEL_CPU_ISA at import (the kernels would otherwise fail at first use)."""
+    value = os.environ.get("KEEL_CPU_ISA")
+    if value and value not in CPU_ISA_NAMES:
+        raise NativeLibraryError(
+            f"keel: KEEL_CPU_ISA={value!r} is not a known instruction set; expected one of "
+            f"{', '.join(CPU_ISA_NAMES)} (or unset for auto)"
+        )
 
 
 def _floor() -> tuple[int, int]:
@@ -42,27 +83,76 @@ def _floor() -> tuple[int, int]:
     return TORCH_FLOOR
 
 
-def _load(name: str) -> Path:
-    path = _PACKAGE_DIR / f"{name}.abi3.so"
+def _load_file(path: Path) -> None:
+    """torch.ops.load_library(path), with NativeLibraryError saying what is wrong."""
     if not path.is_file():
         raise NativeLibraryError(
-            f"keel: native library {path.name} is missing from {_PACKAGE_DIR}; "
+            f"keel: native library {path.name} is missing from {path.parent}; "
             "this keel was not built (build the wheel: see README 'Building')"
         )
     try:
         torch.ops.load_library(str(path))
     except OSError as exc:
-        raise NativeLibraryError(
-            f"keel: cannot load {path} with torch {torch.__version__}: {exc}"
-        ) from exc
-    _loaded[name] = path
-    return path
+        raise NativeLibraryError(f"keel: cannot load {path} with torch {torch.__version__}: {exc}") from exc
+
+
+def missing_cuda_kernel(qualname: str, library: Path, reason: str) -> Callable[..., Any]:
+    """A CUDA kernel for `qualname` that raises: the CUDA library `library` is not loaded, and why."""
+    message = (
+        f"{qualname}: got a CUDA tensor, but the CUDA kernels of this op are not available: {library.name} "
+        f"{reason}. The CPU kernels work; install a keel wheel built with CUDA (KEEL_CUDA=on) to run on the GPU"
+    )
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(message)
+
+    kernel.__doc__ = message
+    return kernel
+
+
+def _register_cuda_stubs(namespace: str, ops: Iterable[str], library: Path, reason: str) -> None:
+    lib = torch.library.Library(namespace, "IMPL")
+    for op in ops:
+        lib.impl(op, missing_cuda_kernel(f"{namespace}::{op}", library, reason), "CUDA")
+    _stub_libraries.append(lib)
+
+
+def load_pair(
+    directory: Path,
+    namespace: str,
+    ops: Iterable[str],
+    cpu_name: str = "_C",
+    cuda_name: str = "_C_cuda",
+) -> LoadStatus:
+    """Load `<directory>/<cpu_name>.abi3.so`, and `<cuda_name>.abi3.so` on a CUDA build of torch.
+
+    The CPU library must load (NativeLibraryError otherwise). The CUDA one may be missing or fail
+    to load: then every op of `ops` in `namespace` gets a CUDA kernel that raises with the reason.
+    """
+    cpu = directory / f"{cpu_name}.abi3.so"
+    _load_file(cpu)
+    cuda_path = directory / f"{cuda_name}.abi3.so"
+    cuda: Path | None = None
+    reason: str | None = None
+    if torch.version.cuda:
+        if not cuda_path.is_file():
+            reason = f"is missing from {directory} (this wheel was built without CUDA kernels)"
+        else:
+            try:
+                torch.ops.load_library(str(cuda_path))
+                cuda = cuda_path
+            except OSError as exc:
+                reason = f"could not be loaded with torch {torch.__version__}: {exc}"
+        if reason is not None:
+            _register_cuda_stubs(namespace, ops, cuda_path, reason)
+    return LoadStatus(namespace, cpu, cuda, reason)
 
 
 def load() -> dict[str, Path]:
     """Load `_C`, and `_C_cuda` on a CUDA build of torch; returns what was loaded."""
     if _loaded:
         return dict(_loaded)
+    check_cpu_isa_env()
     floor = _floor()
     if torch_version() < floor:
         raise NativeLibraryError(
@@ -70,12 +160,20 @@ def load() -> dict[str, Path]:
             f"introduced there), but torch {torch.__version__} is installed: "
             f"pip install 'torch>={floor[0]}.{floor[1]}'"
         )
-    _load("_C")
-    if torch.version.cuda:
-        _load("_C_cuda")
+
+    status = load_pair(_PACKAGE_DIR, "keel", KEEL_OPS)
+    _status["keel"] = status
+    _loaded["_C"] = status.cpu
+    if status.cuda is not None:
+        _loaded["_C_cuda"] = status.cuda
     return dict(_loaded)
 
 
 def loaded_libraries() -> dict[str, Path]:
     """Native libraries loaded so far, by name."""
     return dict(_loaded)
+
+
+def load_status(namespace: str = "keel") -> LoadStatus | None:
+    """The LoadStatus of `namespace`'s libraries (None before they are loaded)."""
+    return _status.get(namespace)

@@ -10,14 +10,14 @@ Decode (one query per sequence, bf16, paged cache with block size 16, shuffled b
 Prefill (causal, ragged batch): vendored flash_attn_varlen_func vs SDPA per sequence (the engine's
 prefill loop on main).
 
-Methods alternate inside each repeat; medians are reported with ratios (> 1: vendored faster).
+Methods alternate inside each repeat; the best repeat of each is reported, with ratios (> 1:
+vendored faster). On a busy machine prefer --threads 1 (no waits on a descheduled pool thread).
 Usage: python scripts/bench_attention.py [--quick] [--repeats N] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +42,9 @@ DTYPE = torch.bfloat16
 
 
 def timed(fns: dict[str, Callable[[], object]], repeats: int, inner: int) -> dict[str, float]:
-    """Median seconds per call of each fn; the fns alternate within every repeat."""
+    """Best (minimum) mean seconds per call of each fn over the repeats; the fns alternate within
+    every repeat. The minimum, not the median: on a shared machine the other processes only ever
+    add time, so the least-disturbed repeat is the fairest estimate of each method's own cost."""
     for fn in fns.values():
         fn()
     samples: dict[str, list[float]] = {k: [] for k in fns}
@@ -52,7 +54,7 @@ def timed(fns: dict[str, Callable[[], object]], repeats: int, inner: int) -> dic
             for _ in range(inner):
                 fn()
             samples[name].append((time.perf_counter() - t0) / inner)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: min(v) for k, v in samples.items()}
 
 
 def decode_case(shape: Shape, batch: int, ctx: int, gen: torch.Generator) -> dict[str, Callable[[], object]]:
@@ -128,7 +130,7 @@ def main() -> None:
     contexts = [256, 1024] if args.quick else [256, 1024, 4096]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, vendored CPU build: {cpu_isa()}, "
           f"dtype {DTYPE}, block size {BLOCK}")
-    print("\n## decode (ms per call; ratio = peer time / vendored time)")
+    print("\n## decode (ms per call, best of the repeats; ratio = peer time / vendored time)")
     print("| shape | batch | context | vendored | gather+SDPA | SDPA contiguous | vs gather | vs SDPA |")
     print("|---|---|---|---|---|---|---|---|")
     for shape in SHAPES:

@@ -1,6 +1,6 @@
 """Benchmark keel vs transformers `generate`: prefill and decode tokens/s at several batch sizes, peak memory.
 
-    python scripts/bench_generate.py --model HuggingFaceTB/SmolLM2-135M-Instruct --dtype bf16
+    python scripts/bench_generate.py --dtype bf16    # the default model (keel.hf.resolve.DEFAULT_MODEL)
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random   # same shapes, random weights
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --engines keel --batch-sizes 8 \
         --prompt-len 1024 --new-tokens 64        # decode at batch 8 with ~1k tokens of context

@@ -6,15 +6,24 @@
 2. Large-tensor throughput (GB/s of bytes read + written, median): fused_muladd vs a*b+c
    and torch.addcmul at 16M elements; rms_norm vs its torch composite and F.rms_norm.
 
-Ratios > 1 mean keel is faster. Usage: python scripts/bench_ops.py [--device cuda] [--quick]
+3. What stability costs: keel's fused_muladd and rms_norm against an unstable TORCH_LIBRARY twin
+   (scripts/bench_ops_twin.cpp) built here, into a temporary folder, for this run only: the same
+   CPU kernels and checks, at::Tensor instead of the stable ABI. Per-call time, tiny tensors,
+   keel and twin alternated in the same run.
+
+Ratios > 1 mean keel is faster (section 3: keel / twin, 1.0 = no cost).
+Usage: python scripts/bench_ops.py [--device cuda] [--quick] [--twin-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -129,15 +138,90 @@ def throughput_rows(device: str, n: int, repeats: int) -> list[tuple[str, str, f
     return rows
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build_twin(out_dir: Path) -> Path:
+    """Compile scripts/bench_ops_twin.cpp with keel's CPU kernels (both ISA builds, keel's flags)
+    against the installed torch with plain g++; returns the .so (in out_dir, never in the wheel)."""
+    from torch.utils import cpp_extension
+
+    csrc = ROOT / "csrc"
+    kernel_flags = ["-O3", "-fPIC", "-std=c++17", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno",
+                    "-fvisibility=hidden", f"-I{csrc}"]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"
+    objs = []
+    jobs = []
+    for isa, extra in (("base", []), ("avx2", ["-mavx2", "-mfma", "-mf16c"])):
+        for k in ("fused_muladd", "rms_norm"):
+            obj = out_dir / f"{k}_{isa}.o"
+            jobs.append(["g++", *kernel_flags, *extra, f"-DKEEL_CPU_NS=cpu_{isa}", "-c",
+                         str(csrc / "ops" / f"{k}_cpu.cpp"), "-o", str(obj)])
+            objs.append(obj)
+    objs.append(out_dir / "cpu_isa.o")
+    jobs.append(["g++", *kernel_flags, "-c", str(csrc / "ops" / "cpu_isa.cpp"), "-o", str(objs[-1])])
+    objs.append(out_dir / "twin.o")
+    inc = [f"-I{p}" for p in cpp_extension.include_paths()]
+    jobs.append(["g++", "-O3", "-fPIC", "-std=c++17", abi, f"-I{csrc}", *inc, "-c",
+                 str(ROOT / "scripts" / "bench_ops_twin.cpp"), "-o", str(objs[-1])])
+    procs = [subprocess.Popen(j) for j in jobs]
+    if any(p.wait() for p in procs):
+        raise RuntimeError("building the unstable twin failed (see the compiler output above)")
+    lib = cpp_extension.library_paths()[0]
+    so = out_dir / "keel_twin.so"
+    subprocess.run(["g++", "-shared", "-o", str(so), *map(str, objs), f"-L{lib}", "-ltorch", "-ltorch_cpu",
+                    "-lc10", f"-Wl,-rpath,{lib}"], check=True)
+    return so
+
+
+def twin_rows(inner: int, repeats: int, rounds: int = 5) -> list[tuple[str, float, float]]:
+    """(case, keel us, twin us): medians over `rounds` alternating keel/twin measurements."""
+    a, b = torch.randn(8), torch.randn(8)
+    x, w = torch.randn(2, 8), torch.randn(8)
+    keel_fm, twin_fm = torch.ops.keel.fused_muladd.default, torch.ops.keel_twin.fused_muladd.default
+    keel_rn, twin_rn = torch.ops.keel.rms_norm.default, torch.ops.keel_twin.rms_norm.default
+    assert torch.equal(keel_fm(a, b, 0.5), twin_fm(a, b, 0.5)) and torch.equal(keel_rn(x, w, 1e-6), twin_rn(x, w, 1e-6))
+    cases = [
+        # both below autograd: keel's op has a Python autograd formula, the twin none
+        ("fused_muladd (inference_mode)", lambda: keel_fm(a, b, 0.5), lambda: twin_fm(a, b, 0.5), True),
+        ("rms_norm", lambda: keel_rn(x, w, 1e-6), lambda: twin_rn(x, w, 1e-6), False),
+        ("keel.ops.fused_muladd wrapper vs twin", lambda: ops.fused_muladd(a, b, 0.5), lambda: twin_fm(a, b, 0.5),
+         False),
+    ]
+    rows = []
+    for name, kfn, tfn, inference in cases:
+        tk, tt = [], []
+        for _ in range(rounds):
+            with torch.inference_mode(inference):
+                tk.append(median_time(kfn, "cpu", inner, repeats))
+                tt.append(median_time(tfn, "cpu", inner, repeats))
+        rows.append((name, statistics.median(tk) * 1e6, statistics.median(tt) * 1e6))
+    return rows
+
+
+def print_twin(inner: int, repeats: int) -> None:
+    print("\nWhat stability costs: keel (stable ABI) vs an unstable TORCH_LIBRARY twin running the same kernels")
+    print("(tiny CPU tensors, median us/call, alternated; ratio = keel / twin, 1.00 = no cost)\n")
+    with tempfile.TemporaryDirectory(prefix="keel-twin-") as tmp:
+        torch.ops.load_library(str(build_twin(Path(tmp))))
+        print("| case | keel us | twin us | keel / twin |\n|---|---:|---:|---:|")
+        for name, tk, tt in twin_rows(inner, repeats):
+            print(f"| {name} | {tk:.2f} | {tt:.2f} | {tk / tt:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    ap.add_argument("--twin-only", action="store_true", help="only section 3 (keel vs the unstable twin)")
     args = ap.parse_args()
     inner, repeats = (200, 5) if args.quick else (2000, 15)
     n = (1 << 22) if args.quick else (1 << 24)
     print(f"keel {keel.__version__} | torch {torch.__version__} | device {args.device} | "
           f"threads {torch.get_num_threads()} | libs {sorted(keel._native.loaded_libraries())}\n")
+    if args.twin_only:
+        print_twin(inner, repeats)
+        return
     print("Per-call host overhead (tiny tensors, median us/call; ratio = peer / keel, > 1: keel cheaper)\n")
     print("| op | keel us | peer | peer us | ratio |\n|---|---:|---|---:|---:|")
     for name, peer, tk, tt in overhead_rows(args.device, inner, repeats):
@@ -146,6 +230,8 @@ def main() -> None:
     print("| case | peer | keel GB/s | peer GB/s | ratio |\n|---|---|---:|---:|---:|")
     for name, peer, gk, gt in throughput_rows(args.device, n, max(5, repeats // 2)):
         print(f"| {name} | {peer} | {gk:.1f} | {gt:.1f} | {gk / gt:.2f}x |")
+    if args.device == "cpu":
+        print_twin(inner, repeats)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ VENV="${1:-$KEEL_ROOT/.venv}"
 keel_venv "$VENV" "${KEEL_BUILD_TORCH:-2.13.0}"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q -r "$KEEL_ROOT/requirements-build.txt"
+# keel-audit (audit/, pure Python) gates the build: setup.py imports it, and it audits the wheel below.
+"$PY" -m pip install -q --no-build-isolation "$KEEL_ROOT/audit[fast]"  # [fast]: ISA-L inflation
 
 cd "$KEEL_ROOT"
 rm -rf build/lib* dist/keel-*.whl
@@ -16,5 +18,5 @@ rm -rf build/lib* dist/keel-*.whl
 "$PY" -m pip wheel . --no-build-isolation --no-deps -w dist
 WHEEL="$(ls dist/keel-*.whl)"
 echo "== built $WHEEL"
-# Gate the artifact itself (read straight from the zip).
-"$PY" scripts/audit_source.py "$WHEEL" --target-torch "${KEEL_TORCH_TARGET:-2.10}" --require-stable
+# Gate the artifact itself (read straight from the zip) with keel's own strict policy.
+"$VENV/bin/keel-audit" "$WHEEL" --target-torch "${KEEL_TORCH_TARGET:-2.10}" --strict

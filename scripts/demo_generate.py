@@ -15,12 +15,13 @@ import torch
 
 import keel
 from keel import LLM, SamplingParams
+from keel.hf.resolve import DEFAULT_MODEL
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--prompt", default="What is the capital of France?")
     ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args()

@@ -1,22 +1,35 @@
-"""Rebuild keel/audit/data/torch_shim_symbols.json from one or more torch installations.
+"""Rebuild audit/keel_audit/data/torch_shim_symbols.json from torch releases (wheels or installations).
 
-A symbol's version is its `TORCH_FEATURE_VERSION` guard in the stable/AOTI shim headers (2.9 when
-unguarded), unioned with the C shim symbols libtorch_cpu.so / libtorch_cuda.so export; every
-disagreement between headers and exports (or between torch versions) is recorded in the table.
+Per stable C shim symbol: the first torch release whose libtorch_cpu.so / libtorch_cuda.so exports
+it (in the oldest release read, its `TORCH_FEATURE_VERSION` guard in the shim headers, 2.9 when
+unguarded, since it may be older), and the torch library exporting it. Per header-only torch C++
+name (declared in torch/headeronly and re-exported into torch::headeronly): the first release
+whose headers have it. Every disagreement between headers and exports is recorded in the table.
 
-    python scripts/gen_shim_table.py --torch .venv/lib/python3.11/site-packages/torch \
-        --torch .venv-214/lib/python3.11/site-packages/torch [--cpython-out ...]
+Each --torch is a torch package directory or a torch wheel, read straight from the zip (nothing is
+installed or extracted), e.g. with the releases downloaded once outside the repository:
+
+    for v in 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0; do
+      PIP_CONSTRAINT=/dev/null pip download --no-deps --only-binary :all: torch==$v -d /work/cache/torch-wheels
+    done
+    python scripts/gen_shim_table.py --torch /work/cache/torch-wheels/torch-*.whl
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
+import fnmatch
 import json
 import re
 import sys
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from keel_audit.elf import ElfInfo, read_elf
+from keel_audit.table import is_cpython_name, is_shim_name
+from keel_audit.wheelzip import read_member
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "2.9"
@@ -27,33 +40,109 @@ _HEADERS = (
     "include/torch/csrc/inductor/aoti_torch/c/*.h",
     "include/torch/csrc/inductor/aoti_torch/generated/c_shim_*.h",
 )
+_HEADER_ONLY = "include/torch/headeronly/*"
+_REEXPORT = re.compile(r"\busing\s+(c10::[\w:]+)")
+_NS_OPEN = re.compile(r"^\s*namespace\s*([\w:]*)\s*\{")
+_NOT_NAMES = frozenset({"operator", "if", "return", "float", "double", "int", "bool", "char", "void", "half"})
+_HIDDEN_NS = re.compile(r"HIDDEN_NAMESPACE_BEGIN\(([^)]*)\)")
+_TYPE = re.compile(r"^\s*(?:template\s*<.*>\s*)?(?:struct|class|union|enum(?:\s+class)?)\s+"
+                   r"(?:alignas\(\w+\)\s+)?(?:C10_\w+\s+)*(\w+)\s*(?:[:{]|$|final)")
+_FUNC = re.compile(r"^\s*(?:C10_\w+\s+)*(?:inline|constexpr|static)\b[^;(=]*?\b(\w+)\s*\(")
+_ALIAS = re.compile(r"^\s*using\s+(\w+)\s*=")
 
 
-def _load_audit():
-    """Load keel/audit by file path, exactly as setup.py does (no `import keel`)."""
-    spec = importlib.util.spec_from_file_location(
-        "_keel_audit", ROOT / "keel/audit/__init__.py", submodule_search_locations=[str(ROOT / "keel/audit")]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_keel_audit"] = module
-    spec.loader.exec_module(module)
-    return module
+class TorchRelease:
+    """One torch release to read: an installed package directory or a wheel (read from the zip)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.zip = zipfile.ZipFile(path) if path.is_file() else None
+        self.names = {i.filename[len("torch/") :]: i for i in self.zip.infolist()} if self.zip else {}
+
+    def text(self, rel: str) -> str | None:
+        """A file of the torch package (relative to torch/) as text, or None."""
+        if self.zip is not None:
+            info = self.names.get(rel)
+            return self.zip.read(info).decode("utf-8", "replace") if info else None
+        path = self.path / rel
+        return path.read_text(errors="replace") if path.is_file() else None
+
+    def glob(self, pattern: str) -> Iterator[str]:
+        """Files (relative to torch/) matching a glob; `*` also crosses directories."""
+        names = self.names if self.zip is not None else (
+            str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file()
+        )
+        return iter(sorted(n for n in names if fnmatch.fnmatch(n, pattern)))
+
+    def library(self, name: str) -> ElfInfo | None:
+        """torch/lib/<name> read as ELF (streamed from the wheel without extracting it)."""
+        if self.zip is not None:
+            info = self.names.get(f"lib/{name}")
+            return read_elf(read_member(self.zip, info)) if info else None
+        path = self.path / "lib" / name
+        return read_elf(path) if path.exists() else None
 
 
-def torch_version(root: Path) -> str:
-    """The `__version__` of a torch install, read from version.py without importing torch."""
-    match = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (root / "version.py").read_text())
+def torch_version(release: TorchRelease) -> str:
+    """The `__version__` of a torch release, read from version.py without importing torch."""
+    match = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", release.text("version.py") or "")
     if not match:
-        raise SystemExit(f"gen_shim_table: {root}/version.py: expected __version__ = '...'")
+        raise SystemExit(f"gen_shim_table: {release.path}: expected torch/version.py with __version__ = '...'")
     return match.group(1).split("+")[0]
 
 
-def header_symbols(path: Path) -> dict[str, str]:
-    """Declared shim functions of one header -> the version of their innermost guard (or 2.9)."""
+def _code_lines(text: str) -> Iterator[str]:
+    """Lines of C++ code: comments, string literals and preprocessor lines (continuations too) removed."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    macro = False
+    for raw in text.splitlines():
+        line = raw.split("//")[0]
+        if macro or line.lstrip().startswith("#"):
+            macro = line.rstrip().endswith("\\")
+            continue
+        yield re.sub(r'"(?:\\.|[^"\\])*"', '""', line)
+
+
+def header_only_names(text: str) -> set[str]:
+    """Qualified c10 names a torch/headeronly header declares at namespace scope (types, aliases,
+    functions) or re-exports into torch::headeronly (`using c10::X;`)."""
+    # an operator is decided by the types around it (keel_audit.classify), never by the name alone
+    out = {m.group(1) for m in _REEXPORT.finditer(text) if not m.group(1).endswith("::operator")}
+    stack: list[str | None] = []  # namespace name, or None for any other brace
+    for line in _code_lines(text):
+        hidden = _HIDDEN_NS.search(line)
+        if hidden:
+            stack.append("::".join(a.strip() for a in hidden.group(1).split(",")))
+            continue
+        if "HIDDEN_NAMESPACE_END" in line:
+            if stack:
+                stack.pop()
+            continue
+        at_namespace_scope = all(p is not None for p in stack)
+        ns = "::".join(p for p in stack if p)
+        if at_namespace_scope and ns.startswith("c10") and "" not in stack:  # anonymous: TU-local
+            for pattern in (_TYPE, _FUNC, _ALIAS):
+                m = pattern.match(line)
+                if m and m.group(1) not in _NOT_NAMES:
+                    out.add(f"{ns}::{m.group(1)}")
+        opened = _NS_OPEN.match(line)
+        rest = line[opened.end() :] if opened else line
+        if opened:
+            stack.append(opened.group(1))
+        for ch in rest:
+            if ch == "{":
+                stack.append(None)
+            elif ch == "}" and stack:
+                stack.pop()
+    return out
+
+
+def header_symbols(text: str) -> dict[str, str]:
+    """Declared shim functions of one header's text -> the version of their innermost guard (or 2.9)."""
     stack: list[str | None] = []
     out: dict[str, str] = {}
     pending = ""
-    for raw in path.read_text().splitlines():
+    for raw in text.splitlines():
         line = raw.split("//")[0].strip()
         if line.startswith("#"):
             word = line[1:].strip().split(" ")[0]
@@ -79,85 +168,85 @@ def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split("."))
 
 
-def scan_root(root: Path, audit) -> dict:
-    """Headers, exports and libtorch_python globals of one torch installation."""
+def scan(release: TorchRelease) -> dict:
+    """Headers, exports, header-only names and libtorch_python globals of one torch release."""
     declared: dict[str, str] = {}
     for pattern in _HEADERS:
-        for header in sorted(root.glob(pattern)):
-            declared.update(header_symbols(header))
+        for header in release.glob(pattern):
+            declared.update(header_symbols(release.text(header) or ""))
     exported: dict[str, str] = {}
+    libs = {}
     for lib in ("libtorch_cpu.so", "libtorch_cuda.so"):
-        path = root / "lib" / lib
-        if path.exists():
-            for sym in audit.elf.read_elf(path).defined:
-                if audit.table.is_shim_name(sym.name):
-                    exported.setdefault(sym.name, lib)
+        libs[lib] = release.library(lib)
+        for name in libs[lib].defined_names if libs[lib] else ():
+            if is_shim_name(name):
+                exported.setdefault(name, lib)
+    header_only: set[str] = set()
+    for header in release.glob(_HEADER_ONLY):
+        if header.endswith(".h"):
+            header_only |= header_only_names(release.text(header) or "")
     globals_: set[str] = set()
-    python = root / "lib" / "libtorch_python.so"
-    if python.exists():
-        for sym in audit.elf.read_elf(python).defined:
-            name = sym.name
-            if not name.startswith(
-                ("_Z", "PyInit_", "_edata", "_end", "__bss")
-            ) and not audit.table.is_cpython_name(name):
-                globals_.add(name)
+    python = release.library("libtorch_python.so")
+    for name in python.defined_names if python else ():
+        if not name.startswith(("_Z", "PyInit_", "_edata", "_end", "__bss")) and not is_cpython_name(name):
+            globals_.add(name)
     return {
-        "version": torch_version(root),
+        "version": torch_version(release),
         "declared": declared,
         "exported": exported,
+        "header_only": header_only,
         "python_globals": globals_,
-        "has_cuda": (root / "lib" / "libtorch_cuda.so").exists(),
+        "has_cuda": libs["libtorch_cuda.so"] is not None,
     }
 
 
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
 def merge(scans: list[dict]) -> dict:
-    """Union several scans: header version wins, export-only symbols get the first torch exporting them."""
+    """Union several scans (oldest first): a symbol's version is the first release exporting it."""
     scans = sorted(scans, key=lambda s: _vkey(s["version"]))
+    oldest = scans[0]["version"]
     symbols: dict[str, dict] = {}
     disagreements: list[dict] = []
+
+    def note(name: str, version: str, kind: str, detail: str) -> None:
+        disagreements.append({"symbol": name, "torch": version, "kind": kind, "detail": detail})
+
     for scan in scans:
-        tv = ".".join(scan["version"].split(".")[:2])
-        for name, since in scan["declared"].items():
-            entry = symbols.setdefault(name, {"since": since, "sources": []})
-            if _vkey(since) != _vkey(entry["since"]) and "header" in " ".join(entry["sources"]):
-                disagreements.append(
-                    {
-                        "symbol": name,
-                        "torch": scan["version"],
-                        "kind": "guard-changed",
-                        "detail": f"guard {entry['since']} -> {since}; keeping the higher",
-                    }
-                )
-                entry["since"] = max(since, entry["since"], key=_vkey)
-            elif "header" not in " ".join(entry["sources"]):
-                entry["since"] = since if not entry["sources"] else min(since, entry["since"], key=_vkey)
-            entry["sources"].append(f"header@{scan['version']}")
-            lib = scan["exported"].get(name)
-            if lib:
-                entry["sources"].append(f"{lib}@{scan['version']}")
-            elif not name.startswith(("aoti_torch_mps", "aoti_torch_xpu")) and (
+        version, tv = scan["version"], _minor(scan["version"])
+        for name, lib in scan["exported"].items():
+            entry = symbols.setdefault(name, {"sources": []})
+            entry["sources"].append(f"{lib}@{version}")
+            entry["library"] = lib
+            if "since" not in entry or "exported" not in entry:
+                guard = scan["declared"].get(name)
+                if version == oldest and guard is not None:
+                    entry["since"] = min(guard, tv, key=_vkey)  # may be older than the oldest release read
+                else:
+                    entry["since"] = tv
+                    if guard is not None and _vkey(guard) != _vkey(tv):
+                        note(name, version, "guard-differs", f"header guard {guard}, first exported in {tv}")
+                entry["exported"] = True
+            if name not in scan["declared"]:
+                note(name, version, "exported-not-declared", f"exported by {lib}, in no shim header")
+        for name, guard in scan["declared"].items():
+            entry = symbols.setdefault(name, {"sources": []})
+            entry["sources"].append(f"header@{version}")
+            if "since" not in entry:
+                entry["since"] = guard  # declared, not (yet) exported: the guard is all there is
+            if name not in scan["exported"] and not name.startswith(("aoti_torch_mps", "aoti_torch_xpu")) and (
                 scan["has_cuda"] or "cuda" not in name
             ):
-                disagreements.append(
-                    {
-                        "symbol": name,
-                        "torch": scan["version"],
-                        "kind": "declared-not-exported",
-                        "detail": "in the headers, not exported by libtorch_cpu/libtorch_cuda",
-                    }
-                )
-        for name, lib in scan["exported"].items():
-            if name not in scan["declared"]:
-                entry = symbols.setdefault(name, {"since": tv, "sources": []})
-                entry["sources"].append(f"{lib}@{scan['version']}")
-                disagreements.append(
-                    {
-                        "symbol": name,
-                        "torch": scan["version"],
-                        "kind": "exported-not-declared",
-                        "detail": f"exported by {lib}, in no shim header; floor set to {entry['since']}",
-                    }
-                )
+                note(name, version, "declared-not-exported",
+                     "in the headers, not exported by libtorch_cpu/libtorch_cuda")
+    for entry in symbols.values():
+        entry.pop("exported", None)
+    header_only: dict[str, str] = {}
+    for scan in scans:
+        for name in sorted(scan["header_only"]):
+            header_only.setdefault(name, _minor(scan["version"]))
     python_globals = sorted(set().union(*(s["python_globals"] for s in scans)))
     return {
         "schema": 1,
@@ -166,6 +255,7 @@ def merge(scans: list[dict]) -> dict:
         "torch_versions": [s["version"] for s in scans],
         "baseline": BASELINE,
         "symbols": {k: symbols[k] for k in sorted(symbols)},
+        "header_only": dict(sorted(header_only.items())),
         "python_globals": python_globals,
         "disagreements": disagreements,
     }
@@ -190,20 +280,24 @@ def cpython_table() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--torch", action="append", type=Path, required=True, help="a torch package directory"
+        "--torch", nargs="+", action="extend", type=Path, required=True,
+        help="torch package directories or torch wheels",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "keel/audit/data/torch_shim_symbols.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "audit/keel_audit/data/torch_shim_symbols.json")
     parser.add_argument("--cpython-out", type=Path, help="also write the CPython limited-API table here")
     args = parser.parse_args(argv)
-    audit = _load_audit()
-    scans = [scan_root(root.resolve(), audit) for root in args.torch]
+    scans = []
+    for path in args.torch:
+        scans.append(scan(TorchRelease(path.resolve())))
+        print(f"read torch {scans[-1]['version']} from {path}", file=sys.stderr)
     table = merge(scans)
     args.out.write_text(json.dumps(table, indent=1) + "\n")
     kinds: dict[str, int] = {}
     for d in table["disagreements"]:
         kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
     print(
-        f"{args.out}: {len(table['symbols'])} symbols from torch {', '.join(table['torch_versions'])}; "
+        f"{args.out}: {len(table['symbols'])} symbols, {len(table['header_only'])} header-only names "
+        f"from torch {', '.join(table['torch_versions'])}; "
         f"disagreements {kinds}"
     )
     if args.cpython_out:

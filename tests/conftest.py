@@ -10,3 +10,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _keel_cache_isolated(tmp_path_factory: pytest.TempPathFactory):
+    """keel's model cache (KEEL_CACHE) points at an empty folder: tests never see or write the user's."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KEEL_CACHE", str(tmp_path_factory.mktemp("keel_cache")))
+    yield
+    mp.undo()

@@ -4,15 +4,34 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 namespace keel {
+namespace {
+
+// KEEL_CPU_ISA: unset, "" or "auto" = the best this CPU runs; "base" = baseline x86-64;
+// "avx2" = AVX2 without AVX512 extras (for tests and comparisons). Anything else is refused
+// (keel's Python package refuses it at import already; this guards a direct library load).
+enum class Forced { kAuto, kBase, kAvx2 };
+
+Forced forced_isa() {
+  static const Forced f = [] {
+    const char* v = std::getenv("KEEL_CPU_ISA");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return Forced::kAuto;
+    if (std::strcmp(v, "base") == 0) return Forced::kBase;
+    if (std::strcmp(v, "avx2") == 0) return Forced::kAvx2;
+    throw std::runtime_error(std::string("keel: KEEL_CPU_ISA='") + v +
+                             "' is not a known instruction set; expected one of auto, base, avx2 (or unset)");
+  }();
+  return f;
+}
+
+}  // namespace
 
 bool cpu_has_avx2() {
-  // KEEL_CPU_ISA=base forces the baseline kernels, =avx2 the AVX2 ones without AVX512 extras
-  // (for tests and comparisons); unset or anything else: the best this CPU runs.
   static const bool has = [] {
-    const char* forced = std::getenv("KEEL_CPU_ISA");
-    if (forced && std::strcmp(forced, "base") == 0) return false;
+    if (forced_isa() == Forced::kBase) return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
@@ -23,8 +42,7 @@ bool cpu_has_avx2() {
 bool cpu_has_avx512bf16() {
   // only on top of the AVX2 build; KEEL_CPU_ISA=avx2 (or base) turns it off
   static const bool has = [] {
-    const char* forced = std::getenv("KEEL_CPU_ISA");
-    if (!cpu_has_avx2() || (forced && std::strcmp(forced, "avx2") == 0)) return false;
+    if (!cpu_has_avx2() || forced_isa() == Forced::kAvx2) return false;
     return __builtin_cpu_supports("avx512bf16") != 0;
   }();
   return has;

@@ -12,12 +12,26 @@
 
 #include "stable/kernel_types.h"
 
+// Device-side argument check, with no host sync: a failing check skips the caller's memory
+// access (the caller returns) and raises a device-side assert, which CUDA reports at the next
+// synchronizing call as cudaErrorAssert, with `msg` on stderr. As with torch's own device-side
+// index checks, the CUDA context is unusable afterwards. Independent of NDEBUG.
+#define KEEL_DEVICE_CHECK(cond, msg)                                        \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      __assert_fail(msg, __FILE__, __LINE__, __func__);                     \
+      return;                                                               \
+    }                                                                       \
+  } while (0)
+
 namespace keel::cuda {
 
 __device__ __forceinline__ float load(const float* p) { return *p; }
 __device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ double load(const double* p) { return *p; }
+__device__ __forceinline__ void store(double* p, double v) { *p = v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 
@@ -63,6 +77,7 @@ inline void dispatch_float(DType dt, F&& f) {
     case DType::kFloat32: f(float{}); break;
     case DType::kBFloat16: f(__nv_bfloat16{}); break;
     case DType::kFloat16: f(__half{}); break;
+    case DType::kFloat64: break;  // only fused_muladd takes float64; it dispatches that itself
   }
 }
 

@@ -6,6 +6,7 @@
 #include "stable/dispatcher.h"
 #include "stable/layout.h"
 #include "stable/library.h"
+#include "stable/overlap.h"
 
 namespace keel {
 
@@ -19,6 +20,9 @@ void fused_add_rms_norm(Tensor x, Tensor residual, const Tensor& weight, double 
              ": x is written in place but has overlapping elements (e.g. from expand); pass a clone");
   KEEL_CHECK(internal_overlap(residual) != InternalOverlap::kYes, op,
              ": residual is written in place but has overlapping elements (e.g. from expand); pass a clone");
+  check_no_overlap(op, "x", x, "residual", residual);
+  check_no_overlap(op, "x", x, "weight", weight);
+  check_no_overlap(op, "residual", residual, "weight", weight);
   p.out = x.data_ptr();
   p.out_rows = p.x_rows;
   p.out_col = p.x_col;

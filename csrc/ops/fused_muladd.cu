@@ -3,6 +3,8 @@
 #include "ops/cuda_common.cuh"
 #include "ops/fused_muladd.h"
 
+#include <type_traits>
+
 namespace keel {
 namespace {
 
@@ -23,7 +25,11 @@ __global__ void fused_muladd_kernel(FusedMulAddParams p) {
       ia = row_offset(p.a_rows, r) + c * p.a_col;
       ib = row_offset(p.b_rows, r) + c * p.b_col;
     }
-    cuda::store(out + i, fmaf(cuda::load(a + ia), cuda::load(b + ib), p.c));
+    if constexpr (std::is_same_v<T, double>) {
+      out[i] = fma(a[ia], b[ib], p.c);
+    } else {
+      cuda::store(out + i, fmaf(cuda::load(a + ia), cuda::load(b + ib), static_cast<float>(p.c)));
+    }
   }
 }
 
@@ -33,10 +39,15 @@ void fused_muladd_cuda(const FusedMulAddParams& p, void* stream) {
   const int threads = 256;
   int64_t blocks = (p.numel + threads - 1) / threads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;
-  cuda::dispatch_float(p.dtype, [&](auto tag) {
+  const auto launch = [&](auto tag) {
     using T = decltype(tag);
     fused_muladd_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  });
+  };
+  if (p.dtype == DType::kFloat64) {
+    launch(double{});
+  } else {
+    cuda::dispatch_float(p.dtype, launch);
+  }
   cuda::check_launch("keel::fused_muladd");
 }
 

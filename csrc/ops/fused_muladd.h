@@ -22,7 +22,7 @@ struct FusedMulAddParams {
   int64_t rows;
   int64_t cols;       // columns per row (the last row may be shorter)
   int64_t numel;
-  float c;
+  double c;          // rounded to float for the float32 and 16-bit dtypes
 };
 
 // Processes rows [begin, end). A contiguous pair is one row of numel columns.

@@ -2,6 +2,8 @@
 // CPU kernel of keel::fused_muladd (compiled once per ISA, no torch header).
 #include "ops/fused_muladd.h"
 
+#include <type_traits>
+
 namespace keel::KEEL_CPU_NS {
 namespace {
 
@@ -10,7 +12,8 @@ void rows_impl(const FusedMulAddParams& p, int64_t begin, int64_t end) {
   T* out = static_cast<T*>(p.out);
   const T* a = static_cast<const T*>(p.a);
   const T* b = static_cast<const T*>(p.b);
-  const float c = p.c;
+  using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;  // math type
+  const Acc c = static_cast<Acc>(p.c);
   for (int64_t r = begin; r < end; ++r) {
     const int64_t rest = p.numel - r * p.cols;
     const int64_t n = rest < p.cols ? rest : p.cols;
@@ -29,6 +32,7 @@ void rows_impl(const FusedMulAddParams& p, int64_t begin, int64_t end) {
 }  // namespace
 
 void fused_muladd_rows(const FusedMulAddParams& p, int64_t begin, int64_t end) {
+  if (p.dtype == DType::kFloat64) return rows_impl<double>(p, begin, end);
   dispatch_storage(p.dtype, [&](auto tag) { rows_impl<decltype(tag)>(p, begin, end); });
 }
 

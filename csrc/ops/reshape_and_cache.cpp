@@ -6,10 +6,15 @@
 // Kernels: reshape_and_cache_cpu.cpp, reshape_and_cache.cu.
 #include "ops/reshape_and_cache.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "stable/check.h"
 #include "stable/device.h"
 #include "stable/dispatcher.h"
 #include "stable/library.h"
+#include "stable/overlap.h"
 #include "stable/parallel.h"
 
 namespace keel {
@@ -30,6 +35,35 @@ CacheSide describe(const Tensor& src, const Tensor& cache) {
   s.c_d = cache.stride(3);
   return s;
 }
+
+#ifndef KEEL_CUDA_LIBRARY
+// Every slot in [-1, capacity), and no slot twice (two tokens writing one cache row would race
+// between threads; which one wins is not defined). Increasing slots, the usual case, need no sort.
+void check_slots(const ReshapeAndCacheParams& p, int64_t capacity) {
+  bool increasing = true;
+  int64_t last = -1;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = p.slots[t * p.slot_stride];
+    KEEL_CHECK(slot >= -1 && slot < capacity, kOp, ": slot_mapping[", t, "]=", slot,
+               " is outside the cache's ", capacity, " slots (-1 marks padding)");
+    if (slot < 0) continue;
+    increasing = increasing && slot > last;
+    last = slot;
+  }
+  if (increasing) return;
+  std::vector<std::pair<int64_t, int64_t>> seen;  // (slot, token)
+  seen.reserve(static_cast<size_t>(p.num_tokens));
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = p.slots[t * p.slot_stride];
+    if (slot >= 0) seen.emplace_back(slot, t);
+  }
+  std::sort(seen.begin(), seen.end());
+  for (size_t i = 1; i < seen.size(); ++i) {
+    KEEL_CHECK(seen[i].first != seen[i - 1].first, kOp, ": slot_mapping[", seen[i - 1].second, "] and slot_mapping[",
+               seen[i].second, "] are both ", seen[i].first, "; each cache slot may be written by one token only");
+  }
+}
+#endif
 
 }  // namespace
 
@@ -63,6 +97,11 @@ void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor key_cache,
   KEEL_CHECK(internal_overlap(value_cache) != InternalOverlap::kYes, kOp,
              ": value_cache is written in place but has overlapping elements");
 
+  check_no_overlap(kOp, "key_cache", key_cache, "value_cache", value_cache);
+  check_no_overlap(kOp, "key_cache", key_cache, "key", key);
+  check_no_overlap(kOp, "key_cache", key_cache, "value", value);
+  check_no_overlap(kOp, "value_cache", value_cache, "key", key);
+  check_no_overlap(kOp, "value_cache", value_cache, "value", value);
   ReshapeAndCacheParams p{};
   p.element_size = static_cast<int64_t>(key.element_size());
   p.slots = static_cast<const int64_t*>(slot_mapping.data_ptr());
@@ -73,19 +112,16 @@ void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor key_cache,
   p.kv_heads = key.size(1);
   p.head_size = key.size(2);
   p.block_size = key_cache.size(1);
+  p.capacity = key_cache.size(0) * p.block_size;
   if (p.num_tokens == 0) return;
 
   LaunchContext ctx(key);
 #ifdef KEEL_CUDA_LIBRARY
-  // Slots stay on the device; an out-of-range slot is not detected on CUDA.
+  // Slots stay on the device: the kernel checks their range (a device-side assert, no host
+  // sync). Duplicate slots are not detected on CUDA (which token's row lands is undefined).
   reshape_and_cache_cuda(p, ctx.stream());
 #else
-  const int64_t capacity = key_cache.size(0) * p.block_size;
-  for (int64_t t = 0; t < p.num_tokens; ++t) {
-    const int64_t slot = p.slots[t * p.slot_stride];
-    KEEL_CHECK(slot >= -1 && slot < capacity, kOp, ": slot_mapping[", t, "]=", slot,
-               " is outside the cache's ", capacity, " slots (-1 marks padding)");
-  }
+  check_slots(p, p.capacity);
   parallel_for(p.num_tokens, grain_for(2 * p.kv_heads * p.head_size, 32768), [&](int64_t b, int64_t e) { cpu::reshape_and_cache_tokens(p, b, e); });
 #endif
 }

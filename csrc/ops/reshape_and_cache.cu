@@ -21,6 +21,8 @@ template <typename T>
 __global__ void reshape_and_cache_kernel(ReshapeAndCacheParams p) {
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slots[t * p.slot_stride];
+  KEEL_DEVICE_CHECK(slot >= -1 && slot < p.capacity,
+                    "keel::reshape_and_cache: a slot_mapping entry is outside the cache's slots (-1 marks padding)");
   if (slot < 0) return;
   const int64_t block = slot / p.block_size;
   const int64_t offset = slot - block * p.block_size;

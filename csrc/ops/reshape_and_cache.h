@@ -27,6 +27,7 @@ struct ReshapeAndCacheParams {
   int64_t kv_heads;
   int64_t head_size;
   int64_t block_size;
+  int64_t capacity;      // num_blocks * block_size: slots must be in [-1, capacity)
 };
 
 KEEL_DECLARE_CPU_KERNEL(reshape_and_cache_tokens, ReshapeAndCacheParams)

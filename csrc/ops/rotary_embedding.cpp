@@ -10,6 +10,7 @@
 #include "stable/dispatcher.h"
 #include "stable/layout.h"
 #include "stable/library.h"
+#include "stable/overlap.h"
 #include "stable/parallel.h"
 
 namespace keel {
@@ -72,6 +73,9 @@ void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_
              ": cos_sin_cache must be float32 or the dtype of q (", scalar_type_name(q.scalar_type()),
              "), got ", scalar_type_name(cos_sin_cache.scalar_type()));
 
+  check_no_overlap(kOp, "q", q, "k", k);
+  check_no_overlap(kOp, "q", q, "cos_sin_cache", cos_sin_cache);
+  check_no_overlap(kOp, "k", k, "cos_sin_cache", cos_sin_cache);
   RotaryParams p{};
   p.dtype = dt;
   p.cache_dtype = cache_t == shim_codes().float32 ? DType::kFloat32 : dt;
@@ -85,14 +89,15 @@ void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_
   p.cache_col_stride = cos_sin_cache.stride(1);
   p.rot_dim = rot_dim;
   p.is_neox = is_neox;
+  p.max_position = cos_sin_cache.size(0);
   if (p.num_tokens == 0) return;
 
   LaunchContext ctx(q);
 #ifdef KEEL_CUDA_LIBRARY
-  // Positions stay on the device; an out-of-range position is not detected on CUDA.
+  // Positions stay on the device: the kernel checks them (a device-side assert, no host sync).
   rotary_embedding_cuda(p, ctx.stream());
 #else
-  const int64_t max_pos = cos_sin_cache.size(0);
+  const int64_t max_pos = p.max_position;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t pos = p.positions[row_offset(p.pos_rows, t)];
     KEEL_CHECK(pos >= 0 && pos < max_pos, kOp, ": positions[", t, "]=", pos,

@@ -29,6 +29,8 @@ template <typename T, typename C>
 __global__ void rotary_kernel(RotaryParams p) {
   const int64_t t = blockIdx.x;
   const int64_t pos = p.positions[row_offset(p.pos_rows, t)];
+  KEEL_DEVICE_CHECK(pos >= 0 && pos < p.max_position,
+                    "keel::rotary_embedding: a position is outside cos_sin_cache's rows");
   const int64_t half = p.rot_dim / 2;
   const C* cos = static_cast<const C*>(p.cache) + pos * p.cache_row_stride;
   const C* sin = cos + half * p.cache_col_stride;

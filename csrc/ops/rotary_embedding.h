@@ -31,6 +31,7 @@ struct RotaryParams {
   int64_t cache_col_stride;
   int64_t rot_dim;
   int64_t num_tokens;
+  int64_t max_position;      // rows of cos_sin_cache: positions must be in [0, max_position)
   bool is_neox;
 };
 

@@ -34,13 +34,15 @@ template <typename... Args>
 namespace keel {
 
 // dtype must be one of the floating types keel's kernels are built for.
-inline DType check_float_dtype(const char* op, const char* arg, const Tensor& t) {
+// `also_float64`: the op has a float64 path too (only named in the message; the caller handles it).
+inline DType check_float_dtype(const char* op, const char* arg, const Tensor& t, bool also_float64 = false) {
   const int32_t d = dtype_code(t);
   const ShimCodes& c = shim_codes();
   if (d == c.float32) return DType::kFloat32;
   if (d == c.bfloat16) return DType::kBFloat16;
   if (d == c.float16) return DType::kFloat16;
-  detail::fail(op, ": ", arg, " must be float32, bfloat16 or float16, got ", scalar_type_name(t.scalar_type()));
+  detail::fail(op, ": ", arg, " must be float32, bfloat16", also_float64 ? ", float16 or float64" : " or float16",
+               ", got ", scalar_type_name(t.scalar_type()));
 }
 
 inline void check_same_dtype(const char* op, const char* arg, const Tensor& t,
@@ -53,7 +55,9 @@ inline void check_same_dtype(const char* op, const char* arg, const Tensor& t,
 inline void check_same_device(const char* op, const char* arg, const Tensor& t,
                               const char* ref_arg, const Tensor& ref) {
   int32_t tt = 0, ti = 0, rt = 0, ri = 0;
-  device_code(t, &tt, &ti);
+  KEEL_CHECK(aoti_torch_get_device_type(t.get(), &tt) == AOTI_TORCH_SUCCESS, op, ": ", arg,
+             " must be a tensor, got an undefined tensor (None)");
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &ti));
   device_code(ref, &rt, &ri);
   KEEL_CHECK(tt == rt && ti == ri, op, ": ", arg, " must be on the device of ", ref_arg, " (",
              device_name(ref), "), got ", device_name(t));

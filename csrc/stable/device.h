@@ -14,9 +14,12 @@
 namespace keel {
 
 // `t` must live on the device kind this library implements (CPU in _C, CUDA in _C_cuda).
+// An undefined tensor (None passed for a Tensor argument) is refused here, at no extra cost: the
+// shim's device query fails for it.
 inline void check_library_device(const char* op, const char* arg, const Tensor& t) {
   int32_t type = 0;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(t.get(), &type));
+  KEEL_CHECK(aoti_torch_get_device_type(t.get(), &type) == AOTI_TORCH_SUCCESS, op, ": ", arg,
+             " must be a tensor, got an undefined tensor (None)");
 #ifdef KEEL_CUDA_LIBRARY
   KEEL_CHECK(type == shim_codes().cuda, op, ": ", arg, " must be a CUDA tensor, got ", device_name(t));
 #else

@@ -21,7 +21,9 @@
 namespace keel {
 
 // The floating dtypes keel's kernels are instantiated for.
-enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+// kFloat64 only where an op says so (fused_muladd, for float64 gradchecks); dispatch_storage
+// covers the three half/single types every kernel is built for.
+enum class DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2, kFloat64 = 3 };
 
 // 16-bit storage types for host kernels (bit patterns, converted through float).
 struct bf16_t {
@@ -67,6 +69,8 @@ KEEL_KINLINE float load(const float* p) { return *p; }
 KEEL_KINLINE float load(const bf16_t* p) { return bits_to_float(static_cast<uint32_t>(p->bits) << 16); }
 
 KEEL_KINLINE void store(float* p, float f) { *p = f; }
+KEEL_KINLINE double load(const double* p) { return *p; }
+KEEL_KINLINE void store(double* p, double f) { *p = f; }
 
 KEEL_KINLINE void store(bf16_t* p, float f) {
   // round to nearest even; a nan stays a quiet nan (selects, so loops vectorize)
@@ -125,13 +129,16 @@ KEEL_KINLINE void store(f16_t* p, float f) {
 
 // exp(x) for float32 with about 1 ulp error (Cody-Waite reduction + degree-6 polynomial,
 // as in Cephes' expf), written without libm calls or branches so kernel loops vectorize.
-// NaN propagates; results saturate at exp(-87.3) and exp(88.7).
+// Matches expf at the edges: NaN stays NaN, x > ln(FLT_MAX) gives inf, very negative x gives
+// (sub)normal results down to 0. 2^n is applied as two factors so n may reach 128 and -150.
 KEEL_KINLINE float exp_f32(float x) {
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.7f ? 88.7f : x;
-  const float t = x * 1.44269504088896341f + 12582912.0f;  // round(x / ln2) via the 1.5 * 2^23 trick
+  const bool nan = x != x;
+  float xc = x < -104.0f ? -104.0f : x;
+  xc = xc > 89.0f ? 89.0f : xc;
+  xc = nan ? 0.0f : xc;  // keeps the integer conversion below defined for NaN input
+  const float t = xc * 1.44269504088896341f + 12582912.0f;  // round(x / ln2) via the 1.5 * 2^23 trick
   const float n = t - 12582912.0f;
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
@@ -139,8 +146,13 @@ KEEL_KINLINE float exp_f32(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
-  const int32_t e = static_cast<int32_t>(n) + 127;
-  return y * bits_to_float(static_cast<uint32_t>(e) << 23);
+  const int32_t ni = static_cast<int32_t>(n);  // in [-150, 129]
+  const int32_t n1 = ni / 2;
+  const int32_t n2 = ni - n1;
+  const float s1 = bits_to_float(static_cast<uint32_t>(n1 + 127) << 23);
+  const float s2 = bits_to_float(static_cast<uint32_t>(n2 + 127) << 23);
+  const float e = y * s1 * s2;
+  return nan ? x : e;
 }
 
 // Calls f(T{}) with T the host storage type of `dt` (float, bf16_t or f16_t).
@@ -150,6 +162,7 @@ KEEL_KINLINE void dispatch_storage(DType dt, F&& f) {
     case DType::kFloat32: f(float{}); break;
     case DType::kBFloat16: f(bf16_t{}); break;
     case DType::kFloat16: f(f16_t{}); break;
+    case DType::kFloat64: break;  // no kernel but fused_muladd has a float64 path
   }
 }
 

@@ -21,13 +21,14 @@ using ScalarType = torch::headeronly::ScalarType;
 // The shim's integer codes for the dtypes and device types keel checks, read once.
 // (torch's own ScalarType conversion asks the shim for each candidate code on every call.)
 struct ShimCodes {
-  int32_t float32, bfloat16, float16, int64;
+  int32_t float32, bfloat16, float16, float64, int64;
   int32_t cpu, cuda;
 };
 
 inline const ShimCodes& shim_codes() {
   static const ShimCodes codes{aoti_torch_dtype_float32(), aoti_torch_dtype_bfloat16(),
-                               aoti_torch_dtype_float16(),  aoti_torch_dtype_int64(),
+                               aoti_torch_dtype_float16(),  aoti_torch_dtype_float64(),
+                               aoti_torch_dtype_int64(),
                                aoti_torch_device_type_cpu(), aoti_torch_device_type_cuda()};
   return codes;
 }

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from keel.hf.resolve import DEFAULT_MODEL
+
 _EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, RuntimeError)
 
 
@@ -14,7 +16,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="Hugging Face repo id or local folder (default: HuggingFaceTB/SmolLM2-135M-Instruct)",
+        help=f"Hugging Face repo id, keel/<name> (keel's own conversions) or local folder (default: {DEFAULT_MODEL})",
     )
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
     p.add_argument(

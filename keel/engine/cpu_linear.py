@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from keel import ops
+from keel import _compat, ops
 
 
 class PackedLinear(nn.Module):
@@ -15,19 +15,20 @@ class PackedLinear(nn.Module):
 
     On a 2-core AVX512-BF16 CPU, for SmolLM2-135M: keel's GEMV streams the plain weight ~1.2-1.3x faster than
     oneDNN's prepacked kernel up to 8 rows (oneDNN wins from ~12); prepacking makes prefill ~25% faster than
-    `F.linear`. The cost is both copies of the weight in memory."""
+    `F.linear`. The cost is both copies of the weight in memory. The oneDNN ops are private torch API
+    (keel._compat): where this torch lacks them, prefill runs `F.linear` on the plain weight."""
 
     def __init__(self, linear: nn.Linear, batch_hint: int = 8, gemv_rows: int = 8) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), batch_hint)
+        self.packed = _compat.mkldnn_prepack_linear(linear.weight, batch_hint)
         self.gemv_rows = gemv_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() <= self.gemv_rows * self.in_features:  # rows of x <= gemv_rows
             return ops.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
+        return _compat.mkldnn_linear(x, self.packed, self.weight, self.bias)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -36,7 +37,6 @@ def can_pack(weight: torch.Tensor) -> bool:
         weight.device.type == "cpu"
         and weight.dtype in (torch.bfloat16, torch.float16)
         and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
 

@@ -26,9 +26,9 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 where the hardware does it natively, else fp32 (CPU) / fp16 (old GPUs)."""
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return (
-        torch.bfloat16 if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported() else torch.float32
-    )
+    from keel import _compat  # local: torch's probes are private API, behind keel._compat
+
+    return torch.bfloat16 if _compat.cpu_has_native_bf16() else torch.float32
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

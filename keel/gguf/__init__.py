@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .convert import DEFAULT_MODEL, convert_state_dict, permute_qk, unpermute_qk, write_checkpoint
+from ..hf.resolve import DEFAULT_MODEL
+from .convert import convert_state_dict, permute_qk, unpermute_qk, write_checkpoint
 from .reader import GGUFError, GGUFFile, TensorInfo, read_gguf
 
 __all__ = [

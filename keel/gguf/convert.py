@@ -16,11 +16,6 @@ from .quants import dequantize
 from .reader import GGUFError, GGUFFile, read_gguf
 from .tokenizer import ConvertedTokenizer, build_tokenizer
 
-try:
-    from ..hf.resolve import DEFAULT_MODEL
-except ImportError:  # keel.hf not present in this build
-    DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 # llama.cpp names (gguf-py TensorNameMap) -> Hugging Face Llama names

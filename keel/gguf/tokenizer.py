@@ -12,9 +12,13 @@ from .reader import GGUFError, GGUFFile
 # token_type values (llama.cpp llama_token_type)
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 2, 3, 4
 
-# tokenizer.ggml.pre values whose split differs from plain GPT-2: a regex applied before ByteLevel.
-# smollm: llama.cpp splits every digit on its own, then the GPT-2 regex (HF: Digits(individual)).
+# tokenizer.ggml.pre values keel reproduces, each with the split llama.cpp applies before BPE:
+#   gpt2, default, or absent: the GPT-2 regex (llama.cpp's default for a missing value)
+#   smollm: every digit on its own, then the GPT-2 regex (HF: Digits(individual) + ByteLevel)
+# Any other value (llama-bpe, qwen2, deepseek-llm, ...) splits differently: refused, never guessed.
+_GPT2_PRE = {None, "gpt2", "default"}
 _DIGIT_SPLIT_PRE = {"smollm"}
+SUPPORTED_PRE = ("gpt2", "default", "smollm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +59,15 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
             raise GGUFError(f"{gguf.path}: merge #{i} {merge!r} must be two tokens separated by one space")
         pairs.append((parts[0], parts[1]))
 
+    pre = gguf.get("tokenizer.ggml.pre")
+    if pre not in _GPT2_PRE and pre not in _DIGIT_SPLIT_PRE:
+        raise GGUFError(
+            f"{gguf.path}: tokenizer.ggml.pre is {pre!r}, a pre-tokenizer keel does not reproduce; supported: "
+            f"{', '.join(SUPPORTED_PRE)} (or absent). Splitting it like GPT-2 would tokenize some text differently"
+        )
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    if gguf.get("tokenizer.ggml.pre") in _DIGIT_SPLIT_PRE:
+    if pre in _DIGIT_SPLIT_PRE:
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level]
         )

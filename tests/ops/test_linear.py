@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from support.devices import DEVICES, DTYPES
+from support.devices import DEVICES, DTYPES, assert_rounded_like
 
 from keel import ops
 
@@ -23,6 +23,11 @@ def _check(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch
     expected = reference_linear(x, weight, bias)
     scale = max(1.0, x.shape[-1] ** 0.5)  # values grow like sqrt(K) with unit-normal inputs
     torch.testing.assert_close(out.double(), expected, atol=atol * scale, rtol=rtol)
+    # keel's kernel (<= 16 rows): fp32 accumulation, one rounding to the output dtype, so almost every
+    # element is torch's rounding of the exact result (truncation would make about half of them differ).
+    # Not claimed for more rows: aten::linear (oneDNN) on strided bf16 input differs in ~30% of elements.
+    if x.dtype != torch.float32 and x.numel() // max(1, x.shape[-1]) <= 16:
+        assert_rounded_like(out, expected.to(x.dtype), x.dtype, max_ulps=None)
 
 
 def _rand(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) -> torch.Tensor:

@@ -64,7 +64,8 @@ def test_default_scale_is_inverse_sqrt_head_dim():
     torch.testing.assert_close(other.double(), attention_ref(q, k, v, scale=0.5), **tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("block_size,dtype,h,hk", [(16, torch.bfloat16, 9, 3), (32, torch.float32, 8, 1)])
+@pytest.mark.parametrize("block_size,dtype,h,hk", [(16, torch.bfloat16, 9, 3), (32, torch.float32, 8, 1),
+                                                   (5, torch.float16, 4, 2)])
 def test_varlen_paged_matches_reference(block_size, dtype, h, hk):
     # prefill of a chunk against a longer paged context (queries at the end of each sequence)
     gen = torch.Generator().manual_seed(block_size)
@@ -85,6 +86,7 @@ DECODE_CASES = [
     (16, torch.float32, 8, 8, 96, 3, (-1, -1), 0.0),
     (32, torch.bfloat16, 8, 1, 64, 1, (20, 0), 0.0),
     (16, torch.float32, 4, 2, 64, 2, (-1, -1), 10.0),
+    (24, torch.bfloat16, 6, 2, 64, 1, (-1, -1), 0.0),  # a block size that is no multiple of the 16-key tile
 ]
 
 

@@ -170,7 +170,8 @@ void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, 
     g_cuda_launcher(params, stream);
     return;
   }
-  const int64_t items = int64_t(params.b) * params.h_k * ((params.seqlen_q + block_m_hint - 1) / block_m_hint);
+  const int64_t items = int64_t(params.b) * (params.h_k / cpu_kv_heads_per_item(params)) *
+                        ((params.seqlen_q + block_m_hint - 1) / block_m_hint);
   FLASH_REQUIRE(num_splits >= 0 && num_splits <= 128, "num_splits must be in [0, 128], got ", num_splits);
   params.num_splits = num_splits > 0 ? num_splits : num_splits_heuristic(items, params.seqlen_k, g_num_threads);
   std::vector<float> oaccum, lseaccum;
@@ -283,7 +284,7 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
   if (paged) {
     params.page_block_size = int(k.size(1));
     params.num_blocks = int(k.size(0));
-    FLASH_REQUIRE(params.page_block_size % 16 == 0, "k block size (dim 1 of the paged cache) must be a multiple of 16, got ",
+    FLASH_REQUIRE(params.page_block_size > 0, "k block size (dim 1 of the paged cache) must be positive, got ",
                   params.page_block_size);
     check_block_table(*block_table, b, seqlens_k.data(), params.page_block_size, params.num_blocks);
     params.block_table = static_cast<int*>(block_table->data);
@@ -316,8 +317,7 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
   const int seqlen_q = int(q.size(1));
   int capacity;
   if (paged) {
-    FLASH_REQUIRE(kcache.size(1) % 16 == 0 && kcache.size(1) > 0,
-                  "k_cache block size (dim 1) must be a multiple of 16, got ", kcache.size(1));
+    FLASH_REQUIRE(kcache.size(1) > 0, "k_cache block size (dim 1) must be positive, got ", kcache.size(1));
     FLASH_REQUIRE(block_table->ndim == 2, "block_table must be 2-D [batch_size, max_blocks], got shape ",
                   shape(*block_table));
     capacity = int(block_table->size(1) * kcache.size(1));

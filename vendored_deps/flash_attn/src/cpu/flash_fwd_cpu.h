@@ -10,6 +10,11 @@
   }
 
 namespace flash {
+
+// kv heads per CPU work item: all of them when the item's rows (query positions x heads) fit in
+// 256 (decode, short chunks), so every page of the cache is read once; otherwise one.
+static inline int cpu_kv_heads_per_item(const Flash_fwd_params& p) { return p.seqlen_q * p.h <= 256 ? p.h_k : 1; }
+
 FLASH_DECLARE_CPU_ISA(cpu_base)
 FLASH_DECLARE_CPU_ISA(cpu_avx2)
 FLASH_DECLARE_CPU_ISA(cpu_avx512)

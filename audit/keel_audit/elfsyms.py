@@ -78,9 +78,15 @@ def dynsym_names(
 
 
 def cstr(table: bytes, offset: int) -> str:
-    """NUL-terminated string at `offset`, decoded as pyelftools does (UTF-8, replace)."""
-    end = table.find(b"\0", offset)
-    return table[offset : end if end >= 0 else len(table)].decode("utf-8", "replace")
+    """NUL-terminated string at `offset`, decoded as pyelftools does (UTF-8, replace); an offset
+    outside the table or a string that runs off its end is malformed, never read past it."""
+    end = table.find(b"\0", offset) if 0 <= offset < len(table) else -1
+    if end < 0:
+        raise ElfFormatError(
+            f"malformed ELF: a string at offset {offset} is not NUL-terminated inside its "
+            f"{len(table)}-byte string table"
+        )
+    return table[offset:end].decode("utf-8", "replace")
 
 
 def dynamic_tags(
@@ -109,24 +115,49 @@ def dynamic_tags(
 def walk_versions(
     raw: bytes, table: bytes, need: bool, count: int, e: str, names: dict[int, str], needs: list[tuple[str, str]]
 ) -> None:
-    """Walk `count` verneed (need) or verdef entries of `raw` as pyelftools does, filling names/needs."""
-    pos = 0
-    for _ in range(count):
+    """Walk `count` verneed (need) or verdef entries of `raw` as pyelftools does, filling names/needs.
+
+    Bounded by the section: a count larger than the entries `raw` can hold, an entry or auxiliary
+    outside it, or a `vn_next`/`vna_next` chain that revisits an entry is malformed (ElfFormatError).
+    """
+    kind = ".gnu.version_r" if need else ".gnu.version_d"
+    if count > len(raw) // 16:
+        raise ElfFormatError(
+            f"malformed ELF: {kind} claims {count} entries; {len(raw)} bytes hold at most {len(raw) // 16}"
+        )
+    pos = 0  # offsets only grow (unsigned vn_next), so a loop is a zero vn_next, checked below
+    for i in range(count):
+        if pos + 16 > len(raw):
+            raise ElfFormatError(
+                f"malformed ELF: {kind} entry {i} at offset {pos} lies outside the section"
+            )
         if need:
             _ver, cnt, vfile, aux, nxt = struct.unpack_from(e + "HHIII", raw, pos)
         else:
             _ver, flags, ndx, cnt, _h, aux, nxt = struct.unpack_from(e + "HHHHIII", raw, pos)
-        if cnt <= 0:
-            raise ElfFormatError("malformed ELF: a version entry has no auxiliary entries")
+        if cnt <= 0 or cnt > len(raw) // (16 if need else 8):
+            raise ElfFormatError(f"malformed ELF: {kind} entry {i} has {cnt} auxiliary entries")
         apos = pos + aux
         if not need:  # only the first auxiliary names a definition
+            if apos + 8 > len(raw):
+                raise ElfFormatError(f"malformed ELF: {kind} auxiliary at offset {apos} lies outside the section")
             if not flags & 0x1:  # skip VER_FLG_BASE
                 names[ndx] = cstr(table, struct.unpack_from(e + "I", raw, apos)[0])
         else:
             file = cstr(table, vfile)
+            aux_seen = set()
             for _ in range(cnt):
+                if apos in aux_seen or apos + 16 > len(raw):
+                    raise ElfFormatError(
+                        f"malformed ELF: {kind} auxiliary at offset {apos} loops back or lies outside the section"
+                    )
+                aux_seen.add(apos)
                 _hash, _fl, other, vname, anext = struct.unpack_from(e + "IHHII", raw, apos)
                 names[other] = cstr(table, vname)
                 needs.append((file, names[other]))
                 apos += anext
+        if nxt == 0 and i + 1 < count:
+            raise ElfFormatError(
+                f"malformed ELF: {kind} chain ends after {i + 1} of {count} entries (vn_next 0 loops back)"
+            )
         pos += nxt

@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 from .inputs import Source
-from .models import INVALID, UNSTABLE, Finding, LibraryAudit
+from .models import INVALID, Finding, LibraryAudit
+from .requirements import python_floor, torch_requirement
 from .versions import highest
 
 _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
-_TORCH_REQ = re.compile(r"^torch\s*(\[[^\]]*\])?\s*\(?([^;)]*)\)?\s*(;.*)?$", re.IGNORECASE)
 
 
 def _key(v: str) -> tuple[int, ...]:
@@ -23,7 +23,6 @@ def package_findings(
     by_source: dict[str, list[LibraryAudit]],
     target: str | None,
     allow: tuple[str, ...],
-    require_stable: bool,
 ) -> list[Finding]:
     """Findings that need the gate flags or the wheel's tags and metadata."""
     out: list[Finding] = []
@@ -42,59 +41,60 @@ def package_findings(
                 )
             )
     for lib in libs:
-        if lib.verdict == INVALID:
+        if lib.verdict == INVALID or target is None:
             continue
-        if lib.verdict == UNSTABLE:
-            gated = (require_stable or target is not None) and not lib.allowed
-            why = "allowed by --allow" if lib.allowed else "gated" if gated else "not gated"
+        newer = tuple(n for n, v in lib.shim_symbols if _key(v) > _key(target))
+        if newer:
             out.append(
                 Finding(
-                    "unstable",
+                    "shim-newer-than-target",
                     lib.path,
-                    f"uses unstable libtorch API ({why}): "
-                    f"{len(lib.unstable_symbols)} C++/THP symbol(s), {len(lib.unknown_shim)} unknown; "
-                    "expected only stable shim symbols",
-                    lib.unstable_symbols[:20],
-                    fatal=gated,
+                    f"{len(newer)} shim symbol(s) newer than "
+                    f"--target-torch {target} (floor {lib.torch_floor}); expected all <= {target}",
+                    newer,
                 )
             )
-        if target is not None:
-            newer = tuple(n for n, v in lib.shim_symbols if _key(v) > _key(target))
-            if newer:
-                out.append(
-                    Finding(
-                        "shim-newer-than-target",
-                        lib.path,
-                        f"{len(newer)} shim symbol(s) newer than "
-                        f"--target-torch {target} (floor {lib.torch_floor}); expected all <= {target}",
-                        newer,
-                    )
-                )
     for source in sources:
         out += _tag_findings(source, by_source.get(source.label, []))
-        out += _requirement_findings(source, by_source.get(source.label, []))
+        out += requirement_findings(source, by_source.get(source.label, []))
     return out
 
 
 def _tag_findings(source: Source, libs: list[LibraryAudit]) -> list[Finding]:
-    """Python floor vs abi3 tag, glibc vs manylinux tag, ELF machine vs platform tag."""
+    """Python floor vs abi3 tag and Requires-Python, glibc vs manylinux tag, ELF machine vs platform tag.
+
+    A limited-API floor above the `cpXY-abi3` tag is fine when Requires-Python already keeps every
+    Python below it from installing the wheel (a note); otherwise it is an error.
+    """
     out: list[Finding] = []
     abi3_pys = [t.split("-")[0] for t in source.tags if t.split("-")[1] == "abi3" and t.startswith("cp3")]
     tag_py = min((f"3.{p[3:]}" for p in abi3_pys), key=_key, default=None)
+    req_py = python_floor(source.requires_python)
     plats = {t.split("-")[2] for t in source.tags}
     for lib in libs:
         if lib.verdict == INVALID:
             continue
         if tag_py and lib.python_floor and _key(lib.python_floor) > _key(tag_py):
-            out.append(
-                Finding(
-                    "python-floor-above-tag",
-                    lib.path,
-                    f"needs Python {lib.python_floor} "
-                    f"(limited API) but the wheel is tagged cp{tag_py.replace('.', '')}-abi3; "
-                    f"expected a floor <= {tag_py}",
+            tag = f"cp{tag_py.replace('.', '')}-abi3"
+            if req_py and _key(lib.python_floor) <= _key(req_py):
+                out.append(
+                    Finding(
+                        "python-floor-from-requires-python",
+                        lib.path,
+                        f"needs Python {lib.python_floor} (limited API), above the {tag} tag, but "
+                        f"Requires-Python {source.requires_python} admits no older Python",
+                    )
                 )
-            )
+            else:
+                rp = f" and Requires-Python {source.requires_python}" if source.requires_python else ""
+                out.append(
+                    Finding(
+                        "python-floor-above-tag",
+                        lib.path,
+                        f"needs Python {lib.python_floor} (limited API) but the wheel is tagged {tag}{rp}; "
+                        f"expected a floor <= {max(tag_py, req_py or tag_py, key=_key)}",
+                    )
+                )
         for plat in sorted(plats):
             glibc, arch = _platform(plat)
             if glibc and lib.glibc_max and _key(lib.glibc_max) > glibc:
@@ -130,48 +130,40 @@ def _platform(plat: str) -> tuple[tuple[int, int] | None, str | None]:
     return None, None
 
 
-def torch_lower_bound(requires: tuple[str, ...]) -> tuple[bool, str | None]:
-    """(torch is required, its `>=` lower bound) from Requires-Dist lines."""
-    for req in requires:
-        m = _TORCH_REQ.match(req.strip())
-        if m:
-            bounds = re.findall(r">=\s*([\d.]+)", m.group(2))
-            return True, highest([".".join(b.split(".")[:2]) for b in bounds])
-    return False, None
-
-
-def _requirement_findings(source: Source, libs: list[LibraryAudit]) -> list[Finding]:
-    """The wheel's torch>= requirement must equal the audited floor (lower is unsafe)."""
+def requirement_findings(source: Source, libs: list[LibraryAudit]) -> list[Finding]:
+    """The wheel's torch requirement against the audited floor: below it is an error, narrower than
+    the range the libraries run on (torch >= floor) a warning, none at all a warning."""
     floor = highest([lib.torch_floor for lib in libs if lib.torch_floor])
     if source.kind not in ("wheel", "distribution") or floor is None:
         return []
-    required, bound = torch_lower_bound(source.requires)
-    if not required or bound is None:
+    req = torch_requirement(source.requires)
+    if req is None:
         return [
             Finding(
-                "torch-requirement",
+                "torch-requirement-missing",
                 None,
-                f"{source.label}: no torch>= requirement; expected torch>={floor} (the audited floor)",
-                fatal=False,
+                f"{source.label}: no torch requirement; expected torch>={floor} (the audited floor)",
             )
         ]
-    if _key(bound) < _key(floor):
+    below = req.below(floor)
+    if below is not None:
         return [
             Finding(
-                "torch-requirement",
+                "torch-requirement-below-floor",
                 None,
-                f"{source.label}: requires torch>={bound} but its libraries "
+                f"{source.label}: requires {req.text}, which admits torch {below}, but its libraries "
                 f"need torch {floor}; expected torch>={floor}",
             )
         ]
-    if _key(bound) > _key(floor):
+    excluded = req.excluded(floor)
+    if excluded:
+        shown = ", ".join(dict.fromkeys(str(v) for v in (excluded[0], excluded[-1])))
         return [
             Finding(
-                "torch-requirement",
+                "torch-requirement-narrow",
                 None,
-                f"{source.label}: requires torch>={bound}, the audited floor "
-                f"is {floor}; expected them to be equal",
-                fatal=False,
+                f"{source.label}: requires {req.text}, narrower than the range its libraries run on "
+                f"(torch>={floor}): excludes torch {shown} among others; expected torch>={floor}",
             )
         ]
     return []

@@ -1,9 +1,10 @@
-"""Arguments and runner of `keel audit` (shared by keel.cli.audit and `python -m keel.audit`)."""
+"""Arguments and runner of `keel-audit` (also `python -m keel_audit` and keel's `keel audit` verb)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .analysis import audit
@@ -21,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target-torch",
         metavar="X.Y",
-        help="fail on any shim symbol newer than X.Y or unknown (implies --require-stable)",
+        help="fail on any shim symbol newer than X.Y (the oldest torch the wheel must load on)",
     )
     parser.add_argument(
         "--allow",
@@ -30,7 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="library (glob on path or file name) that may be unstable; stale patterns fail",
     )
-    parser.add_argument("--require-stable", action="store_true", help="fail when a library is not stable")
+    rules = parser.add_mutually_exclusive_group()
+    rules.add_argument(
+        "--strict",
+        action="store_true",
+        help="keel's own release policy: its linkage rules (static cudart, only libtorch_cpu/libtorch_cuda, "
+        "nothing of torch exported, torch>= equal to the floor) become errors",
+    )
+    rules.add_argument("--policy", metavar="FILE", help="a policy JSON file (see data/policy.json)")
     parser.add_argument("--json", action="store_true", help="print the versioned JSON document instead")
 
 
@@ -38,23 +46,29 @@ def run(args: argparse.Namespace) -> int:
     """Run the audit; 0 pass, 1 gate failed, 2 could not audit."""
     try:
         result = audit(
-            args.inputs, target_torch=args.target_torch, allow=args.allow, require_stable=args.require_stable
+            args.inputs, target_torch=args.target_torch, allow=args.allow, policy=args.policy, strict=args.strict
         )
     except AuditError as exc:
         print(f"keel audit: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(json.dumps(result.to_json(), indent=2) if args.json else result.render())
+    try:
+        print(json.dumps(result.to_json(), indent=2) if args.json else result.render(), flush=True)
+    except BrokenPipeError:  # `keel-audit ... | head`: the reader left; the exit code still says it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return result.exit_code
     if result.exit_code == 2:
         print("keel audit: error: some libraries could not be read as ELF shared objects", file=sys.stderr)
     elif result.exit_code == 1:
-        print("keel audit: gate failed: see the FAIL lines above", file=sys.stderr)
+        print("keel audit: gate failed: see the ERROR lines above", file=sys.stderr)
     return result.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m keel.audit` entry point."""
+    """`keel-audit` / `python -m keel_audit` entry point."""
     parser = argparse.ArgumentParser(
-        prog="keel audit", description="Audit the ELF objects of a wheel for torch stable-ABI compatibility."
+        prog="keel-audit",
+        description="Audit the ELF objects of a wheel for torch stable-ABI compatibility. "
+        "Exit 0 pass, 1 an error-severity finding, 2 could not audit.",
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import struct
 import zipfile
+import zlib
 from pathlib import PurePosixPath
 
 from .errors import AuditInputError
+
+try:  # ISA-L inflates about twice as fast as zlib (optional: `pip install keel-audit[fast]`)
+    from isal import isal_zlib as _inflate_lib
+except ImportError:  # pragma: no cover - depends on the environment
+    _inflate_lib = zlib
 
 MAX_MEMBER = 8 << 30  # one member larger than 8 GiB is not a real extension
 MAX_TOTAL = 32 << 30  # nor is a wheel that unpacks to more than 32 GiB
@@ -67,9 +75,73 @@ def _check_name(name: str, label: str) -> None:
         )
 
 
-def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> MemberReader:
-    """Member contents as a streamed, chunked view (nothing is written to disk)."""
-    return MemberReader(zf, info)
+def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, fd: int | None = None) -> MemberReader:
+    """Member contents as a streamed, chunked view (nothing is written to disk).
+
+    With `fd` (the wheel opened read-only), deflated and stored members are read with positional
+    reads and inflated by ISA-L when installed (zlib otherwise), so several members can be read by
+    several threads at once; without it, through zipfile.
+    """
+    return MemberReader(zf, info, fd)
+
+
+class _RawStream:
+    """A deflated or stored member read straight from the archive: positional reads, ISA-L or zlib,
+    CRC-32 checked when the stream reaches the member's end."""
+
+    IN_CHUNK = 256 << 10
+
+    def __init__(self, fd: int, info: zipfile.ZipInfo, first: int = 0) -> None:
+        """`first`: compressed bytes to read together with the local header (one read for a sniff)."""
+        guess = 30 + len(info.orig_filename.encode()) + len(info.extra)
+        block = os.pread(fd, guess + min(first, info.compress_size), info.header_offset)
+        if len(block) < 30 or block[:4] != b"PK\x03\x04":
+            raise zipfile.BadZipFile(f"bad local file header for {info.filename!r}")
+        name_len, extra_len = struct.unpack_from("<HH", block, 26)
+        self.fd, self.info = fd, info
+        self.at = info.header_offset + 30 + name_len + extra_len
+        self.end = self.at + info.compress_size
+        self.inflate = _inflate_lib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+        skip = 30 + name_len + extra_len
+        self.tail = block[skip : skip + info.compress_size] if first else b""  # compressed input not consumed yet
+        self.at += len(self.tail)
+        self.out = 0
+        self.crc = 0
+
+    def read(self, n: int) -> bytes:
+        """Up to `n` more bytes of the member (fewer is fine); b"" at its end."""
+        while True:
+            if not self.tail and self.at < self.end:
+                self.tail = os.pread(self.fd, min(self.IN_CHUNK, self.end - self.at), self.at)
+                if not self.tail:
+                    raise EOFError("archive ends inside the member")
+                self.at += len(self.tail)
+            if self.inflate is None:
+                data, self.tail = self.tail[:n], self.tail[n:]
+            elif not self.inflate.eof:  # also with no input left: inflated output may be pending
+                data = self.inflate.decompress(self.tail, n)
+                self.tail = self.inflate.unconsumed_tail
+            else:
+                data = b""
+            if data or (not self.tail and self.at >= self.end):
+                break
+        size = self.info.file_size
+        if not data:
+            if self.out != size:
+                raise EOFError(f"{self.info.filename!r} ends after {self.out} of {size} bytes")
+            if size == 0 and self.info.CRC != 0:
+                raise zipfile.BadZipFile(f"Bad CRC-32 for file {self.info.filename!r}")
+            return b""
+        self.out += len(data)
+        self.crc = _inflate_lib.crc32(data, self.crc)
+        if self.out > size:
+            raise zipfile.BadZipFile(f"{self.info.filename!r} inflates past its size {size}")
+        if self.out == size and self.crc != self.info.CRC:
+            raise zipfile.BadZipFile(f"Bad CRC-32 for file {self.info.filename!r}")
+        return data
+
+    def close(self) -> None:
+        self.tail = b""
 
 
 def _unreadable(info: zipfile.ZipInfo, exc: Exception) -> AuditInputError:
@@ -87,12 +159,12 @@ class MemberReader:
 
     streamed = True  # elf.read_elf tries the dynamic segment first
 
-    def __init__(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
-        self.zf, self.info, self.size = zf, info, info.file_size
+    def __init__(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, fd: int | None = None) -> None:
+        self.zf, self.info, self.size, self.fd = zf, info, info.file_size, fd
         self.kept: list[tuple[int, bytes]] = []  # (offset, bytes), sorted by offset
         self.pos = 0  # bytes inflated by the current pass
         self.passes = 0
-        self._fh: zipfile.ZipExtFile | None = None
+        self._fh: zipfile.ZipExtFile | _RawStream | None = None
 
     def read(self, offset: int, size: int) -> bytes:
         """Bytes [offset, offset + size), short at the end of the member like a file read."""
@@ -124,7 +196,7 @@ class MemberReader:
             if self._fh is None or (lo < self.pos and self._cover(lo, min(hi, self.pos)) is None):
                 if self._fh is not None:
                     self._fh.close()
-                self._fh, self.pos = self.zf.open(self.info), 0
+                self._fh, self.pos = self._open(), 0
                 self.passes += 1
             while self.pos < hi:
                 chunk = self._fh.read(min(CHUNK, max(hi - self.pos, MIN_READ)))
@@ -142,17 +214,32 @@ class MemberReader:
                 self._fh.read(1)
                 self._fh.close()
                 self._fh = None
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, _inflate_lib.error) as exc:
             raise _unreadable(self.info, exc) from None
         self.kept.sort(key=lambda piece: piece[0])
+
+    def _open(self) -> zipfile.ZipExtFile | _RawStream:
+        raw = self.fd is not None and self.info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+        return _RawStream(self.fd, self.info) if raw else self.zf.open(self.info)  # type: ignore[arg-type]
 
     def _keep(self, offset: int, data: bytes) -> None:
         if not self._cover(offset, offset + len(data)):
             self.kept.append((offset, data))
 
 
-def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18) -> bytes:
-    """First bytes of a member (ELF sniffing) without reading all of it."""
+def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18, fd: int | None = None) -> bytes:
+    """First bytes of a member (ELF sniffing) without reading all of it (with `fd`: one positional
+    read of its first compressed bytes, no zipfile machinery per member)."""
+    if fd is not None and info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        try:
+            stream = _RawStream(fd, info, first=1024)  # a deflate block header fits, usually
+            stream.IN_CHUNK = 4096
+            out = b""
+            while len(out) < size and (piece := stream.read(size - len(out))):
+                out += piece
+            return out
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, _inflate_lib.error) as exc:
+            raise _unreadable(info, exc) from None
     try:
         with zf.open(info) as fh:
             return fh.read(size)

@@ -9,6 +9,7 @@ from .models import SCHEMA, LibraryAudit, PackageAudit
 
 SHOW = 5  # offending symbols shown per library/finding in the table
 _RESULT = {0: "PASS", 1: "FAIL (gate failed)", 2: "ERROR (could not audit)"}
+_ORDER = ("error", "warning", "note")
 
 
 def _sym(name: str, width: int = 160) -> str:
@@ -30,6 +31,7 @@ def _row(lib: LibraryAudit) -> list[str]:
         _cell(lib.glibc_max),
         str(len(lib.shim_symbols)),
         str(len(lib.unstable_symbols) + len(lib.unknown_shim)),
+        str(len(lib.header_only_exported) + len(lib.header_only_imported)),
         str(lib.cpython_limited + len(lib.cpython_nonlimited)),
         str(lib.other),
     ]
@@ -45,7 +47,8 @@ def render_table(result: PackageAudit) -> str:
     lines = [f"keel audit: {', '.join(result.sources)}"]
     if result.tags:
         lines.append(f"wheel tags: {', '.join(result.tags)}")
-    header = ["library", "verdict", "torch>=", "python>=", "glibc", "shim", "unstable", "cpython", "other"]
+    header = ["library", "verdict", "torch>=", "python>=", "glibc", "shim", "unstable", "header-only", "cpython",
+              "other"]
     lines += (
         _table([header] + [_row(lib) for lib in result.libraries])
         if result.libraries
@@ -59,31 +62,30 @@ def render_table(result: PackageAudit) -> str:
         if lib.floor_symbols and lib.torch_floor:
             shown = ", ".join(lib.floor_symbols[:SHOW])
             lines.append(f"  {lib.path}: torch {lib.torch_floor} needed by {shown}")
-    gates = []
+    gates = [f"policy {result.policy}"]
     if result.target_torch:
         gates.append(f"--target-torch {result.target_torch}")
-    if result.require_stable:
-        gates.append("--require-stable")
     gates += [f"--allow {p}" for p in result.allow]
     lines.append("")
     lines.append(
         f"package: {result.verdict}  torch>={_cell(result.torch_floor)}  "
         f"python>={_cell(result.python_floor)}  glibc {_cell(result.glibc_max)}  "
-        f"gates: {' '.join(gates) or 'none'}"
+        f"gates: {' '.join(gates)}"
     )
-    for f in result.findings:
+    for f in sorted(result.findings, key=lambda f: _ORDER.index(f.severity)):
         where = f" {f.library}" if f.library else ""
-        lines.append(f"{'FAIL' if f.fatal else 'note'} [{f.code}]{where}: {f.message}")
+        lines.append(f"{f.severity.upper()} [{f.code}]{where}: {f.message}")
         for name in f.symbols[:SHOW]:
             lines.append(f"      {_sym(name)}")
         if len(f.symbols) > SHOW:
             lines.append(f"      ... and {len(f.symbols) - SHOW} more")
-    lines.append(f"result: {_RESULT[result.exit_code]}; torch floor {_cell(result.torch_floor)}")
+    counts = ", ".join(f"{result.count(s)} {s}{'s' if result.count(s) != 1 else ''}" for s in _ORDER)
+    lines.append(f"result: {_RESULT[result.exit_code]}; torch floor {_cell(result.torch_floor)}; {counts}")
     return "\n".join(lines)
 
 
 def to_json(result: PackageAudit) -> dict:
-    """Schema `keel-audit/1`: package verdicts first, then libraries and findings."""
+    """Schema `keel-audit/2`: package verdicts first, then libraries and findings (with severities)."""
     libraries = []
     for lib in result.libraries:
         doc = asdict(lib)
@@ -99,10 +101,12 @@ def to_json(result: PackageAudit) -> dict:
         "python_floor": result.python_floor,
         "glibc_max": result.glibc_max,
         "target_torch": result.target_torch,
-        "require_stable": result.require_stable,
+        "policy": result.policy,
+        "counts": {s: result.count(s) for s in _ORDER},
+        "requires_python": result.requires_python,
         "allow": list(result.allow),
         "sources": list(result.sources),
         "tags": list(result.tags),
-        "findings": [asdict(f) for f in result.findings],
+        "findings": [{**asdict(f), "fatal": f.fatal} for f in result.findings],
         "libraries": libraries,
     }

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA = "keel-audit/1"
+SCHEMA = "keel-audit/2"
 STABLE, UNSTABLE, NO_TORCH, INVALID = "STABLE", "UNSTABLE", "NO-TORCH", "INVALID"
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One reason the gate fails (fatal) or a note for the release manager (not fatal)."""
+    """One finding: `error` fails the gate, `warning` is shown and counted, `note` is shown.
+
+    The severity comes from the policy (data/policy*.json) by `code`.
+    """
 
     code: str
     library: str | None
     message: str
     symbols: tuple[str, ...] = ()
-    fatal: bool = True
+    severity: str = ""  # "" until the policy sets it (analysis.py)
+
+    @property
+    def fatal(self) -> bool:
+        """Fails the gate."""
+        return self.severity == "error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,8 @@ class LibraryAudit:
     unknown_shim: tuple[str, ...] = ()
     unstable_undefined: tuple[str, ...] = ()
     unstable_exported: tuple[str, ...] = ()
+    header_only_exported: tuple[str, ...] = ()
+    header_only_imported: tuple[str, ...] = ()
     cpython_limited: int = 0
     cpython_nonlimited: tuple[str, ...] = ()
     other: int = 0
@@ -47,7 +57,7 @@ class LibraryAudit:
 
     @property
     def unstable_symbols(self) -> tuple[str, ...]:
-        """Every unstable reference: undefined ones, then exported/weak definitions."""
+        """Every unstable reference: imports from libtorch, then compiled-in unstable layouts (definitions)."""
         return self.unstable_undefined + self.unstable_exported
 
 
@@ -64,8 +74,13 @@ class PackageAudit:
     python_floor: str | None
     glibc_max: str | None
     target_torch: str | None = None
-    require_stable: bool = False
+    policy: str = "default"
     allow: tuple[str, ...] = ()
+    requires_python: str | None = None
+
+    def count(self, severity: str) -> int:
+        """How many findings have this severity."""
+        return sum(f.severity == severity for f in self.findings)
 
     @property
     def exit_code(self) -> int:

@@ -1,4 +1,4 @@
-"""`python -m keel.audit WHEEL ...`."""
+"""`python -m keel_audit WHEEL ...`."""
 
 from __future__ import annotations
 

@@ -17,11 +17,27 @@ SHIM_PREFIXES = ("aoti_torch_", "torch_", "aoti_")
 
 @dataclass(frozen=True, slots=True)
 class ShimTable:
-    """Stable C shim symbol -> torch version ("X.Y") that introduced it; plus libtorch_python globals."""
+    """Stable C shim symbol -> first torch release ("X.Y") exporting it, and the torch library that
+    exports it; header-only torch C++ names -> first release whose torch/headeronly headers have
+    them; libtorch_python globals."""
 
     symbols: dict[str, str]
     python_globals: frozenset[str]
     torch_versions: tuple[str, ...]
+    libraries: dict[str, str]
+    header_only: dict[str, str]
+
+    def is_header_only(self, path: str, upto: str | None = None) -> bool:
+        """A qualified torch name (`c10::BFloat16::x`) one of whose prefixes is header-only (in every
+        torch release from `upto` on, when given: `c10::report_overflow` is header-only only since
+        2.15, before that libc10 exports it)."""
+        parts = path.split("::")
+        limit = tuple(int(p) for p in upto.split(".")) if upto else None
+        for k in range(2, len(parts) + 1):
+            since = self.header_only.get("::".join(parts[:k]))
+            if since is not None and (limit is None or tuple(int(p) for p in since.split(".")) <= limit):
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +61,13 @@ def _load(path: Path) -> dict:
 def shim_table(path: Path = SHIM_TABLE) -> ShimTable:
     """Load the torch shim table (cached)."""
     data = _load(path)
+    symbols = data["symbols"]
     return ShimTable(
-        symbols={k: v["since"] if isinstance(v, dict) else v for k, v in data["symbols"].items()},
+        symbols={k: v["since"] if isinstance(v, dict) else v for k, v in symbols.items()},
         python_globals=frozenset(data.get("python_globals", ())),
         torch_versions=tuple(data.get("torch_versions", ())),
+        libraries={k: v["library"] for k, v in symbols.items() if isinstance(v, dict) and v.get("library")},
+        header_only=dict(data.get("header_only", {})),
     )
 
 

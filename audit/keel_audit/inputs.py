@@ -25,6 +25,7 @@ class Candidate:
     path: str
     load: Callable[[], bytes | Path | MemberReader]
     named_so: bool
+    size: int = 0  # bytes to read (uncompressed), to start the largest first
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Source:
     tags: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     candidates: tuple[Candidate, ...] = field(default=())
+    requires_python: str | None = None
 
 
 def _is_dyn_elf(head_bytes: bytes) -> bool:
@@ -46,10 +48,11 @@ def _is_dyn_elf(head_bytes: bytes) -> bool:
     return int.from_bytes(head_bytes[16:18], order) == 3
 
 
-def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Tags from WHEEL and Requires-Dist from METADATA."""
+def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
+    """Tags from WHEEL, Requires-Dist and Requires-Python from METADATA."""
     tags: list[str] = []
     requires: list[str] = []
+    requires_python = None
     wheel = text_of("WHEEL")
     if wheel:
         tags = [
@@ -57,12 +60,14 @@ def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], 
         ]
     meta = text_of("METADATA")
     if meta:
-        requires = email.parser.Parser().parsestr(meta, headersonly=True).get_all("Requires-Dist") or []
-    return tuple(tags), tuple(requires)
+        headers = email.parser.Parser().parsestr(meta, headersonly=True)
+        requires = headers.get_all("Requires-Dist") or []
+        requires_python = headers.get("Requires-Python")
+    return tuple(tags), tuple(requires), requires_python
 
 
-def open_wheel(path: Path, zf: zipfile.ZipFile) -> Source:
-    """Candidates read straight from the zip; metadata from its .dist-info."""
+def open_wheel(path: Path, zf: zipfile.ZipFile, fd: int | None = None) -> Source:
+    """Candidates read straight from the zip (positional reads on `fd` when given); metadata from its .dist-info."""
     members = check_members(zf, str(path))
     dist_info = {
         m.filename.split("/", 1)[1]: m
@@ -74,18 +79,18 @@ def open_wheel(path: Path, zf: zipfile.ZipFile) -> Source:
         info = dist_info.get(name)
         return zf.read(info).decode("utf-8", "replace") if info else None
 
-    tags, requires = _wheel_meta(text_of)
+    tags, requires, requires_python = _wheel_meta(text_of)
     if not tags:
         parts = path.name[:-4].split("-")
         tags = (("-".join(parts[-3:])),) if len(parts) >= 5 else ()
     candidates = []
     for info in members:
         named = bool(_SO_NAME.search(info.filename))
-        if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info))):
+        if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info, fd=fd))):
             candidates.append(
-                Candidate(info.filename, lambda i=info: read_member(zf, i), named)
+                Candidate(info.filename, lambda i=info: read_member(zf, i, fd), named, info.file_size)
             )
-    return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates))
+    return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates), requires_python)
 
 
 def _expand(tags: tuple[str, ...]) -> tuple[str, ...]:
@@ -104,23 +109,47 @@ def _expand(tags: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _walk(root: str) -> list[str]:
+    """Regular files under root, symlinks skipped (os.scandir: file types come with the listing)."""
+    out: list[str] = []
+    stack = [root]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    continue
+                if entry.is_dir():
+                    stack.append(entry.path)
+                elif entry.is_file():
+                    out.append(entry.path)
+    return out
+
+
+def _sniff(path: str) -> bool:
+    """An ELF shared object by its first bytes (one open/read/close, no buffered file object)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _is_dyn_elf(os.read(fd, 18))
+    finally:
+        os.close(fd)
+
+
 def _scan_dir(root: Path, files: list[Path] | None = None) -> tuple[Candidate, ...]:
     """Regular files under root (symlinks skipped) that are named *.so[.N] or are ELF shared objects."""
+    base = os.fspath(root)
     if files is None:
-        files = []
-        for dirpath, _dirs, names in os.walk(root):
-            files += [Path(dirpath) / n for n in names]
+        paths = _walk(base)
+    else:
+        paths = [os.fspath(f) for f in files if not f.is_symlink() and f.is_file()]
     out = []
-    for file in sorted(files):
-        if file.is_symlink() or not file.is_file():
+    prefix = base.rstrip(os.sep) + os.sep
+    for path in sorted(paths):
+        name = path.rsplit(os.sep, 1)[-1]
+        named = bool(_SO_NAME.search(name))
+        if not named and not _sniff(path):
             continue
-        named = bool(_SO_NAME.search(file.name))
-        if not named:
-            with open(file, "rb") as fh:
-                if not _is_dyn_elf(fh.read(18)):
-                    continue
-        rel = file.relative_to(root).as_posix() if file.is_relative_to(root) else str(file)
-        out.append(Candidate(rel, lambda f=file: f, named))
+        rel = path[len(prefix) :].replace(os.sep, "/") if path.startswith(prefix) else path
+        out.append(Candidate(rel, lambda f=Path(path): f, named, os.stat(path).st_size))
     return tuple(out)
 
 
@@ -145,11 +174,12 @@ def open_distribution(name: str) -> Source:
         ) from None
     files = [Path(str(dist.locate_file(f))) for f in (dist.files or ())]
     root = Path(str(dist.locate_file("")))
-    tags, _ = _wheel_meta(dist.read_text)
+    tags, _, _ = _wheel_meta(dist.read_text)
     return Source(
         f"{name} (installed)",
         "distribution",
         _expand(tags),
         tuple(dist.requires or ()),
         _scan_dir(root, [f for f in files if f.exists()]),
+        dist.metadata.get("Requires-Python"),
     )
