@@ -8,6 +8,9 @@
         --prompt-len 1024 --new-tokens 64        # decode at batch 8 with ~1k tokens of context
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --second-turn 1024
         # time to first token of a conversation's second turn, keel with vs without prefix caching
+    git archive main | tar -x -C /tmp/keel_main && cp keel/*.so /tmp/keel_main/keel/
+    python scripts/bench_generate.py ... --engines keel --threads 1 --cpu-time --keel-path /tmp/keel_main
+        # another keel checkout, in CPU seconds of one thread (robust on an oversubscribed machine)
 
 keel is the installed one (run it with the interpreter of an environment that has the wheel installed);
 the checkout is never put on sys.path, so an unbuilt source tree cannot shadow the wheel.
@@ -95,6 +98,10 @@ def run_second_turn(args: argparse.Namespace) -> dict:
 
 
 def run_keel(args: argparse.Namespace) -> dict:
+    if args.keel_path:
+        sys.path.insert(0, str(args.keel_path))
+    if args.cpu_time:  # the engine's phase timers then count this process's CPU seconds
+        time.perf_counter = time.process_time
     from keel.engine import LLM, SamplingParams
 
     llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False, quantization=args.quantization)
@@ -177,6 +184,9 @@ def main() -> None:
         metavar="TOKENS",
         help="instead: time to first token of a second turn after a TOKENS-long first one, prefix caching on vs off",
     )
+    p.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
+    p.add_argument("--cpu-time", action="store_true", help="keel: time phases in process CPU seconds, not wall")
+    p.add_argument("--keel-path", type=Path, default=None, help="keel: import keel from this checkout instead")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.tiny:
@@ -188,6 +198,8 @@ def main() -> None:
         from keel.hf.resolve import DEFAULT_MODEL
 
         args.model = DEFAULT_MODEL
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args._worker:
         print(json.dumps(run_keel(args) if args._worker == "keel" else run_hf(args)))
         return
@@ -222,7 +234,10 @@ def main() -> None:
             str(args.repeats),
             "--batch-sizes",
             *map(str, args.batch_sizes),
-        ] + (["--profile"] if args.profile else [])
+            "--threads",
+            str(args.threads),
+        ] + (["--profile"] if args.profile else []) + (["--cpu-time"] if args.cpu_time else [])
+        cmd += ["--keel-path", str(args.keel_path)] if args.keel_path else []
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
         results[engine] = json.loads(proc.stdout.strip().splitlines()[-1])
     print(

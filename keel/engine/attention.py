@@ -2,17 +2,19 @@
 new query to its sequence's whole context (cached prefix + new tokens) through the block tables.
 
 The runner builds one `AttnMetadata` per step (varlen layout, flash-attention's argument names); every
-layer calls `paged_attention`. This implementation gathers each sequence's blocks into a padded dense
-tensor and runs one SDPA call for the whole batch (no per-sequence loop)."""
+layer calls `paged_attention`, which hands the block tables to keel's vendored flash-attention kernels
+(`keel.vendored.flash_attn`): no gather copy, no dense mask, GQA and sliding windows in the kernel.
+Block sizes that are not a multiple of 16 (the tests' tiny 4-token blocks) are beyond the paged
+kernels; for those the context rows are gathered into packed K/V for the same varlen kernel."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from keel import ops
+from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
 
 @dataclass(slots=True)
@@ -27,7 +29,9 @@ class AttnMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32 (padding rows point at block 0, never read)
     max_seqlen_q: int
     max_seqlen_k: int
-    _memo: dict = field(default_factory=dict)  # derived tensors of the gather path, built once per step
+    # Only for block sizes the paged kernels do not take (not a multiple of PAGE_MULTIPLE): the flat cache
+    # slot of every context token, sequence after sequence [sum(seqused_k)] int64.
+    context_slots: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -39,70 +43,13 @@ class AttnMetadata:
         return self.max_seqlen_q == 1
 
 
-def _key_mask(md: AttnMetadata, block_size: int, window: int | None) -> torch.Tensor:
-    """[B, Lq, Lk] bool: query i of sequence b (absolute position ctx_len - q_len + i) may see key j.
-    Padding query rows see key 0 only, so no row is fully masked (their output is dropped)."""
-    key = ("mask", window)
-    if key not in md._memo:
-        dev = md.seqused_k.device
-        lens_k = md.seqused_k.long()[:, None, None]  # [B, 1, 1]
-        lens_q = (md.cu_seqlens_q[1:] - md.cu_seqlens_q[:-1]).long()[:, None, None]
-        kpos = torch.arange(md.block_tables.shape[1] * block_size, device=dev)[None, None, :]  # [1, 1, Lk]
-        qi = torch.arange(md.max_seqlen_q, device=dev)[None, :, None]  # [1, Lq, 1]
-        qpos = lens_k - lens_q + qi
-        mask = kpos <= qpos
-        if window is not None:
-            mask &= kpos > qpos - window
-        md._memo[key] = mask | ((qi >= lens_q) & (kpos == 0))
-    return md._memo[key]
+PAGE_MULTIPLE = 16  # the vendored paged kernels read keys in tiles of 16 rows of one block
 
 
-def _bias(md: AttnMetadata, block_size: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """The mask as an additive SDPA bias [B, 1, Lq, Lk] (0 or -inf)."""
-    key = ("bias", window, dtype)
-    if key not in md._memo:
-        mask = _key_mask(md, block_size, window)
-        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-        md._memo[key] = bias[:, None]
-    return md._memo[key]
-
-
-def _query_rows(md: AttnMetadata) -> torch.Tensor:
-    """[T] int64: row of each packed query in the padded [B * Lq] layout."""
-    if "rows" not in md._memo:
-        lens_q = md.cu_seqlens_q[1:] - md.cu_seqlens_q[:-1]
-        valid = torch.arange(md.max_seqlen_q, device=lens_q.device)[None, :] < lens_q[:, None]  # [B, Lq]
-        md._memo["rows"] = valid.view(-1).nonzero().view(-1)
-    return md._memo["rows"]
-
-
-def gather_sdpa(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    md: AttnMetadata,
-    scale: float | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
-    """softmax(q K^T) V over each sequence's paged context; q [T, H, D] -> [T, H, D]."""
-    b, lq = md.num_seqs, md.max_seqlen_q
-    t, h, d = q.shape
-    bs, kvh = k_cache.shape[1], k_cache.shape[2]
-    blocks = md.block_tables.view(-1).long()  # index_select: ~7x faster than advanced indexing on CPU
-    k = k_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)  # [B, KV, Lk, D]
-    v = v_cache.index_select(0, blocks).view(b, -1, kvh, d).transpose(1, 2)
-    bias = _bias(md, bs, window, q.dtype)  # [B, 1, Lq, Lk]
-    if md.is_decode:
-        # The G = H / KV query heads sharing a kv head act as G queries of one position: no GQA
-        # expansion (about 2x faster on CPU than enable_gqa).
-        qg = q.view(b, kvh, h // kvh, d)  # [B, KV, G, D]
-        return F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=scale).view(t, h, d)
-    rows = _query_rows(md)
-    padded = q.new_zeros(b * lq, h, d)
-    padded[rows] = q
-    padded = padded.view(b, lq, h, d).transpose(1, 2)  # [B, H, Lq, D]
-    o = F.scaled_dot_product_attention(padded, k, v, attn_mask=bias, scale=scale, enable_gqa=True)
-    return o.transpose(1, 2).reshape(b * lq, h, d)[rows]
+def _window_size(window: int | None) -> tuple[int, int]:
+    """A model's sliding window (a query sees the `window` most recent keys, itself included) as
+    flash-attention's (left, right): left = window - 1 keys before the query, none after."""
+    return (-1, -1) if window is None else (window - 1, 0)
 
 
 def paged_attention(
@@ -116,6 +63,27 @@ def paged_attention(
     window: int | None = None,
 ) -> torch.Tensor:
     """Store the new k/v [T, KV, D] in the caches [num_blocks, block_size, KV, D], then attend q [T, H, D]
-    causally (and within `window` tokens, if set) to each sequence's context; returns [T, H, D]."""
+    causally (and within `window` tokens, if set) to each sequence's context; returns [T, H, D].
+    A decode step (one query per sequence) reads the cache through `flash_attn_with_kvcache`; any other
+    step is one `flash_attn_varlen_func` call over the whole batch, cached prefixes included."""
     ops.reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
-    return gather_sdpa(q, k_cache, v_cache, md, scale, window)
+    window_size = _window_size(window)
+    if md.context_slots is not None:  # small test blocks: the same kernel over packed (gathered) K/V rows
+        kvh, d = k_cache.shape[2:]
+        ks, vs = (c.view(-1, kvh, d).index_select(0, md.context_slots) for c in (k_cache, v_cache))
+        return flash_attn_varlen_func(
+            q, ks, vs, md.cu_seqlens_q, md.cu_seqlens_k, md.max_seqlen_q, md.max_seqlen_k,
+            softmax_scale=scale, causal=True, window_size=window_size,
+        )
+    if md.is_decode:
+        b, h, d = q.shape
+        out = flash_attn_with_kvcache(
+            q.view(b, 1, h, d), k_cache, v_cache, cache_seqlens=md.seqused_k, block_table=md.block_tables,
+            softmax_scale=scale, causal=True, window_size=window_size,
+        )  # [B, 1, H, D]
+        return out.view(b, h, d)
+    return flash_attn_varlen_func(
+        q, k_cache, v_cache, md.cu_seqlens_q, md.cu_seqlens_k, md.max_seqlen_q, md.max_seqlen_k,
+        softmax_scale=scale, causal=True, window_size=window_size, block_table=md.block_tables,
+        seqused_k=md.seqused_k,
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from keel.engine.attention import AttnMetadata
+from keel.engine.attention import PAGE_MULTIPLE, AttnMetadata
 from keel.engine.block_manager import BlockManager
 from keel.engine.cpu_linear import can_pack, pack_linears
 from keel.engine.sequence import Sequence
@@ -117,6 +117,10 @@ class ModelRunner:
             max_seqlen_q=max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True)),
             max_seqlen_k=max(lens_k),
         )
+        if bs % PAGE_MULTIPLE:
+            ctx.context_slots = self._tensor(
+                [s.block_table[p // bs] * bs + p % bs for s in seqs for p in range(len(s.token_ids))]
+            )
         return self._tensor(ids), self._tensor(positions), ctx
 
     @torch.inference_mode()

@@ -1,5 +1,5 @@
 """The engine's attention seam against a float64 softmax(QK^T)V per sequence: ragged batches with cached
-prefixes, decode steps, GQA, sliding windows, shuffled block tables."""
+prefixes, decode steps, GQA, sliding windows, shuffled block tables, contexts crossing block edges."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_checkpoints import needs_ops
 
-from keel.engine.attention import AttnMetadata, paged_attention
+from keel.engine.attention import PAGE_MULTIPLE, AttnMetadata, paged_attention
 
 pytestmark = needs_ops
 
@@ -29,7 +29,7 @@ def reference(q, k, v, window):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def run_case(ctx_lens, new_lens, heads, kv_heads, window, block_size=4, head_dim=16, seed=0):
+def run_case(ctx_lens, new_lens, heads, kv_heads, window, block_size, head_dim=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     num_blocks = sum(-(-n // block_size) for n in ctx_lens) + 3
     order = torch.randperm(num_blocks, generator=g).tolist()  # shuffled tables
@@ -61,19 +61,24 @@ def run_case(ctx_lens, new_lens, heads, kv_heads, window, block_size=4, head_dim
         max_seqlen_q=max(new_lens),
         max_seqlen_k=max(ctx_lens),
     )
+    if block_size % PAGE_MULTIPLE:
+        md.context_slots = torch.tensor([t[p // block_size] * block_size + p % block_size
+                                         for t, n in zip(tables, ctx_lens, strict=True) for p in range(n)])
     out = paged_attention(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, md, window=window)
     ref = torch.cat([reference(q, k, v, window) for q, k, v in full])
     assert out.shape == ref.shape
     assert (out.double() - ref).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("block_size", [16, 32, 4])  # 4: the packed fallback for blocks the kernels do not page
+@pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (6, 2), (8, 1)])
-def test_mixed_prefill_with_cached_prefix(heads, kv_heads, window):
-    # a fresh prompt, a prompt with 8 cached tokens, a decode step, a one-token prompt, a block-edge prompt
-    run_case([7, 13, 10, 1, 8], [7, 5, 1, 1, 8], heads, kv_heads, window)
+def test_mixed_prefill_with_cached_prefix(heads, kv_heads, window, block_size):
+    # a fresh prompt, a prompt with 45 cached tokens, a decode step, a one-token prompt, a block-edge prompt
+    run_case([37, 50, 33, 1, 16], [37, 5, 1, 1, 16], heads, kv_heads, window, block_size)
 
 
+@pytest.mark.parametrize("block_size", [16, 4])
 @pytest.mark.parametrize("window", [None, 2])
-def test_decode_batch(window):
-    run_case([1, 5, 9, 16, 17], [1] * 5, 6, 3, window)
+def test_decode_batch(window, block_size):
+    run_case([1, 5, 17, 32, 33], [1] * 5, 6, 3, window, block_size)
