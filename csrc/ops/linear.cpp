@@ -1,8 +1,9 @@
 // keel/csrc/ops/linear.cpp
 // keel::linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor   (x: [..., K], weight: [N, K] -> [..., N])
-// CPU, at most kLinearMaxRows rows of x (decode): keel's GEMV kernel in linear_cpu.cpp.
-// More rows (prefill), and always in the CUDA library: aten::linear through the dispatcher
-// (oneDNN / cuBLAS), so there is no linear .cu file.
+// CPU, any number of rows: keel's kernel in linear_cpu.cpp (a GEMV for decode; prefill runs it over
+// blocks of kLinearRowBlock rows, each streaming the weight once), so CPU results depend on keel's
+// code alone, never on the oneDNN version of the torch it runs on. The CUDA library calls
+// aten::linear through the dispatcher (cuBLAS), so there is no linear .cu file.
 #include "ops/linear.h"
 
 #include <optional>
@@ -46,7 +47,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, std::optional<Tensor> bias)
   const DType dt = check_linear_args(op, x, weight, bias);
 #ifndef KEEL_CUDA_LIBRARY
   const int64_t m = leading_numel(x, x.dim() - 1);
-  if (m <= kLinearMaxRows) {
+  {
     const int64_t k = x.size(-1);
     const int64_t n = weight.size(0);
     std::vector<int64_t> out_sizes = sizes_of(x);
@@ -99,7 +100,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, std::optional<Tensor> bias)
     p.k = k;
     // each chunk streams >= 64 KB of weight (small layers run inline, skipping the pool hand-off)
     const int64_t row_bytes = k * (p.dtype == DType::kFloat32 ? 4 : 2);
-    parallel_for(n, grain_for(row_bytes, 65536), [&](int64_t b, int64_t e) { cpu::linear_cols(p, b, e); });
+    // blocks of rows: a block's x rows stay in cache while each weight row streams past them once
+    const int64_t out_elem = p.dtype == DType::kFloat32 ? 4 : 2;
+    for (int64_t m0 = 0; m0 < m; m0 += kLinearRowBlock) {
+      LinearParams q = p;
+      q.m = m - m0 < kLinearRowBlock ? m - m0 : kLinearRowBlock;
+      if (q.x) q.x += m0 * k;
+      if (q.x16) q.x16 = static_cast<const bf16_t*>(q.x16) + m0 * k;
+      q.out = static_cast<char*>(p.out) + m0 * n * out_elem;
+      parallel_for(n, grain_for(row_bytes * q.m, 65536), [&](int64_t b, int64_t e) { cpu::linear_cols(q, b, e); });
+    }
     return out;
   }
 #endif

@@ -9,8 +9,8 @@
 
 namespace keel {
 
-// Rows of x at or below this count take keel's CPU kernel; more rows go to aten::linear.
-constexpr int64_t kLinearMaxRows = 16;
+// Rows of x the CPU kernel takes in one pass over the weight (more rows: several passes).
+constexpr int64_t kLinearRowBlock = 32;
 
 struct LinearParams {
   DType dtype;        // of w, bias and out

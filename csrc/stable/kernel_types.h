@@ -132,7 +132,8 @@ KEEL_KINLINE void store(f16_t* p, float f) {
 // Matches expf at the edges: NaN stays NaN, x > ln(FLT_MAX) gives inf, very negative x gives
 // (sub)normal results down to 0. 2^n is applied as two factors so n may reach 128 and -150.
 KEEL_KINLINE float exp_f32(float x) {
-  const bool nan = x != x;
+  // a bit test, not x != x: on a float widened from _Float16 GCC narrows that compare to libgcc's __nehf2
+  const bool nan = (float_to_bits(x) & 0x7FFFFFFFu) > 0x7F800000u;
   float xc = x < -104.0f ? -104.0f : x;
   xc = xc > 89.0f ? 89.0f : xc;
   xc = nan ? 0.0f : xc;  // keeps the integer conversion below defined for NaN input

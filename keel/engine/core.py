@@ -82,7 +82,7 @@ class LLMEngine:
         max_num_batched_tokens: int = 8192,
         enable_prefix_caching: bool = True,
         progress: bool = True,
-        cpu_prepack: bool = True,
+        cpu_prepack: bool = False,
         quantization: str | None = None,
     ) -> None:
         from keel.engine.llm import resolve_dtype  # llm.py builds on this module

@@ -1,5 +1,9 @@
-"""oneDNN-prepacked linear layers for bf16/fp16 on CPU, with keel's GEMV for decode: a runner policy, the model
-code stays plain `nn.Linear`."""
+"""How the model's `nn.Linear` layers run: a runner policy, the model code stays plain `nn.Linear`.
+
+Default (`KeelLinear`): every projection through `keel.ops.linear`, whose CPU kernel takes any row count, so
+CPU results depend on keel's code only and are the same on every torch release. Opt-in (`PackedLinear`,
+`cpu_prepack=True`): prefill through oneDNN's prepacked weights, faster for long prompts, but its rounding
+is the oneDNN version's of the torch installed."""
 
 from __future__ import annotations
 
@@ -7,6 +11,29 @@ import torch
 from torch import nn
 
 from keel import _compat, ops
+
+
+class KeelLinear(nn.Module):
+    """`nn.Linear` whose forward is `keel.ops.linear` for every input (decode and prefill)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias)
+
+
+def keel_linears(model: nn.Module) -> int:
+    """Replace every `nn.Linear` of `model` by a `KeelLinear`, in place; returns how many."""
+    count = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, KeelLinear(child))
+                count += 1
+    return count
 
 
 class PackedLinear(nn.Module):

@@ -10,7 +10,7 @@ import torch
 
 from keel.engine.attention import PAGE_MULTIPLE, AttnMetadata
 from keel.engine.block_manager import BlockManager
-from keel.engine.cpu_linear import can_pack, pack_linears
+from keel.engine.cpu_linear import can_pack, keel_linears, pack_linears
 from keel.engine.sequence import Sequence
 from keel.hf.config import ModelConfig
 from keel.hf.weights import iter_weights
@@ -39,14 +39,17 @@ class ModelRunner:
         self,
         model: LlamaForCausalLM,
         block_size: int = 16,
-        cpu_prepack: bool = True,
+        cpu_prepack: bool = False,
         enable_prefix_caching: bool = True,
     ) -> None:
         self.model, self.config = model, model.config
         weight = model.model.embed_tokens.weight  # lm_head may already be packed (no .weight)
         self.device, self.dtype = weight.device, weight.dtype
+        # policy lives here, not in the model (as gpt-fast applies torch.compile): keel's kernel for every
+        # projection by default (the same tokens on every torch release); oneDNN prepacking on request
         if cpu_prepack and can_pack(weight):
-            pack_linears(model)  # policy lives here, not in the model (as gpt-fast applies torch.compile)
+            pack_linears(model)
+        keel_linears(model)  # whatever is still a plain nn.Linear
         self.block_size, self.enable_prefix_caching = block_size, enable_prefix_caching
         self.num_blocks = 0
         self.block_manager = BlockManager(0, block_size, enable_prefix_caching=enable_prefix_caching)

@@ -1,4 +1,5 @@
-"""Linear layer op: keel's few-row GEMV on CPU (decode), aten::linear for more rows and on CUDA."""
+"""Linear layer op: keel's own kernel on CPU for any row count (results independent of torch's oneDNN),
+aten::linear on CUDA."""
 
 from __future__ import annotations
 

@@ -93,9 +93,10 @@ def test_seeded_sampling_is_reproducible(llms):
 def test_bf16_prepacked_linears_match_plain(hf_cache):
     from keel.engine import LLM
 
-    packed = LLM("keel-test/tiny-qwen2", dtype="bf16", device="cpu")
-    plain = LLM("keel-test/tiny-qwen2", dtype="bf16", device="cpu", cpu_prepack=False)
+    packed = LLM("keel-test/tiny-qwen2", dtype="bf16", device="cpu", cpu_prepack=True)
+    plain = LLM("keel-test/tiny-qwen2", dtype="bf16", device="cpu")  # the default: keel's kernel for every linear
     assert type(packed.model.model.layers[0].mlp.down_proj).__name__ == "PackedLinear"
+    assert type(plain.model.model.layers[0].mlp.down_proj).__name__ == "KeelLinear"
     ids = packed.tokenizer.encode(PROMPTS[1])
     torch.testing.assert_close(keel_prompt_logits(packed, ids), keel_prompt_logits(plain, ids), atol=2e-2, rtol=0)
     params = SamplingParams(max_tokens=16, ignore_eos=True)
