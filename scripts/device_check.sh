@@ -19,7 +19,7 @@ export PYTHONPATH="$PWD/.devpkgs"
 "$PY" -c "import keel; print('loaded', sorted(keel._native.loaded_libraries()))" | tee -a "$OUT/device.txt"
 
 if "$PY" -c "import pytest" 2>/dev/null; then
-  "$PY" -m pytest -q -p no:cacheprovider tests/ops tests/test_native.py -k "cuda or compile or native" \
+  "$PY" -m pytest -q -p no:cacheprovider tests/ops tests/test_native.py tests/vendored -k "cuda or compile or native" \
     2>&1 | tail -n 30 | tee "$OUT/pytest_cuda.txt"
 else
   echo "pytest is not on this machine: skipped the test suite" | tee "$OUT/pytest_cuda.txt"
