@@ -33,6 +33,8 @@ SKIP = {
     r"^bash scripts/test\.sh": "runs this test suite (it is the command that runs this test)",
     r"^python -m pytest": "runs this test suite from the source tree (recursion)",
     r"device_check\.sh": "needs a GPU",
+    r"pip download|^for v in|^done$|gen_shim_table\.py --torch /work/cache": "network: downloads torch wheels of "
+                                                                     "six releases (several GB)",
 }
 # command pattern -> (extra arguments, extra environment): the tiny setting of a benchmark or build
 TINY = {
@@ -43,6 +45,41 @@ TINY = {
     r"setup\.py build_ext": ([], {"KEEL_CUDA": "off"}),
 }
 STDIN = {r"^keel chat": "What is 2 + 2?\n/exit\n"}
+# long-running servers: started in the background, ready once /health answers, stopped after the module
+SERVERS = {r"keel serve": "http://127.0.0.1:8000/health"}
+_servers: list[subprocess.Popen] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_servers():
+    yield
+    for proc in _servers:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def start_server(line: str, health: str, cwd: Path, env: dict[str, str]) -> None:
+    """Start a README server command and wait (up to 3 minutes) until its health URL answers 200."""
+    import time
+    import urllib.request
+
+    proc = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    _servers.append(proc)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"$ {line}\nexited {proc.returncode}:\n{proc.stdout.read()[-3000:]}")
+        try:
+            with urllib.request.urlopen(health, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"$ {line}\n{health} did not answer 200 within 180 s")
 
 
 def readme_commands() -> list[str]:
@@ -116,6 +153,10 @@ def test_readme_command_works(command, sandbox):
     line = command if not extra_args else command + " " + " ".join(extra_args)
     # Python snippets run outside the checkout, as the README says (inside, `import keel` is the source tree)
     cwd = copy.parent if command.startswith("python - <<") else copy
+    health = next((v for p, v in SERVERS.items() if re.search(p, command)), None)
+    if health is not None:
+        start_server(line, health, cwd, {**env, **extra_env})
+        return
     proc = subprocess.run(["bash", "-c", line], cwd=cwd, env={**env, **extra_env}, input=stdin,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"$ {line}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -67,11 +67,14 @@ class Fp8Linear(nn.Module):
 
 
 def quantize_linears(model: nn.Module, recipe: tuple[int, int, int] = BLOCK_RECIPE) -> int:
-    """Replace every `nn.Linear` of `model` (lm_head included) by an `Fp8Linear`, in place; returns how many."""
+    """Replace every `nn.Linear` (or the runner's `KeelLinear`) of `model`, lm_head included, by an
+    `Fp8Linear`, in place; returns how many."""
+    from keel.engine.cpu_linear import KeelLinear
+
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
+            if isinstance(child, (nn.Linear, KeelLinear)):
                 setattr(module, name, Fp8Linear(child, recipe))
                 count += 1
     return count

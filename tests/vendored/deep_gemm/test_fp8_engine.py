@@ -111,13 +111,13 @@ def test_fp8_engine_answers_paris_and_keeps_perplexity(converted):
             cpu_prepack=name == "bf16",
         )
         if name == "fp8 1x128":
-            quantize_linears(llm.model, ROW_RECIPE)
+            assert quantize_linears(llm.model, ROW_RECIPE) > 0
         if name == "fp8":
             assert not any(isinstance(m, nn.Linear) for m in llm.model.modules()), "a linear kept its bf16 weight"
             assert llm.model.model.embed_tokens.weight.dtype == torch.bfloat16
-            out = llm.chat(
-                [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=16)
-            )
+            # a plain continuation: with the chat template the first token is a near-tie for this model
+            # ("The" vs "L" 0.125 nats apart in bf16) that FP8 noise flips, so the answer there varies
+            out = llm.generate("The capital of France is", SamplingParams(max_tokens=8))
             assert "Paris" in out[0].text, out[0].text
         ids = ids or llm.tokenizer.encode(TEXT.read_text())
         assert len(ids) > 300
@@ -148,8 +148,9 @@ def test_cli_generate_quantization_fp8(converted, capsys):
             "cpu",
             "--max-tokens",
             "16",
+            "--raw",
             "--prompt",
-            "What is the capital of France?",
+            "The capital of France is",
         ]
     )
     out = capsys.readouterr()
