@@ -9,8 +9,7 @@ import textwrap
 
 import pytest
 
-from keel.vendored import VendoredLibraryError, load_vendored
-from keel.vendored import _loader
+from keel.vendored import VendoredLibraryError, _loader, load_vendored
 
 
 def test_missing_library_names_it(tmp_path):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from dg_reference import fp8_reference
-
 from keel_audit import audit
+
 from keel.vendored import deep_gemm as dg
 
 HERE = Path(__file__).resolve().parent
