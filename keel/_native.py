@@ -83,17 +83,22 @@ def _floor() -> tuple[int, int]:
     return TORCH_FLOOR
 
 
-def _load_file(path: Path) -> None:
-    """torch.ops.load_library(path), with NativeLibraryError saying what is wrong."""
+def _load_file(
+    path: Path,
+    who: str = "keel",
+    error: type[ImportError] = NativeLibraryError,
+    missing: str = "this keel was not built",
+) -> None:
+    """torch.ops.load_library(path), raising `error` (message prefixed `who`) that says what is wrong."""
     if not path.is_file():
-        raise NativeLibraryError(
-            f"keel: native library {path.name} is missing from {path.parent}; "
-            "this keel was not built (build the wheel: see README 'Building')"
+        raise error(
+            f"{who}: native library {path.name} is missing from {path.parent}; "
+            f"{missing} (build the wheel: see README 'Building')"
         )
     try:
         torch.ops.load_library(str(path))
     except OSError as exc:
-        raise NativeLibraryError(f"keel: cannot load {path} with torch {torch.__version__}: {exc}") from exc
+        raise error(f"{who}: cannot load {path} with torch {torch.__version__}: {exc}") from exc
 
 
 def missing_cuda_kernel(qualname: str, library: Path, reason: str) -> Callable[..., Any]:

@@ -36,17 +36,7 @@ class VendoredLibrary:
 
 
 def _load_file(name: str, path: Path) -> None:
-    if not path.is_file():
-        raise VendoredLibraryError(
-            f"keel.vendored.{name}: native library {path.name} is missing from {path.parent}; "
-            "this keel was built without it (build the wheel: see README 'Building')"
-        )
-    try:
-        torch.ops.load_library(str(path))
-    except OSError as exc:
-        raise VendoredLibraryError(
-            f"keel.vendored.{name}: cannot load {path} with torch {torch.__version__}: {exc}"
-        ) from exc
+    _native._load_file(path, f"keel.vendored.{name}", VendoredLibraryError, "this keel was built without it")
 
 
 def _refuse_cuda(namespace: str, ops: list[str], reason: str) -> None:
