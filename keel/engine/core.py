@@ -2,11 +2,16 @@
 
 Requests that arrive while others decode join the batch at the next step (continuous batching); every
 step is one varlen forward pass over the new prompts (past their cached prefix) and the running decodes.
-Single-threaded: call it from one thread."""
+Not thread-safe: drive it from one thread at a time (`keel serve`'s AsyncEngine owns it in one thread;
+`LLM.generate` serializes its callers). A call that enters while another thread is inside the engine
+raises instead of corrupting the scheduler and the block tables."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -107,6 +112,24 @@ class LLMEngine:
         self._requests: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []  # reported by the next step
         self._totals = {"prompt": 0, "generation": 0, "queries": 0, "hits": 0}
+        self._inside = threading.Lock()  # held while a thread mutates the engine (see _exclusive)
+        self._inside_thread: str | None = None
+
+    @contextlib.contextmanager
+    def _exclusive(self, op: str) -> Iterator[None]:
+        """Fail fast when a second thread enters while one is inside (the engine is not thread-safe)."""
+        if not self._inside.acquire(blocking=False):
+            raise RuntimeError(
+                f"LLMEngine.{op}: called from thread {threading.current_thread().name!r} while thread "
+                f"{self._inside_thread!r} is inside the engine; LLMEngine is not thread-safe: drive it from "
+                f"one thread (keel serve's AsyncEngine does), or call LLM.generate, which serializes callers"
+            )
+        self._inside_thread = threading.current_thread().name
+        try:
+            yield
+        finally:
+            self._inside_thread = None
+            self._inside.release()
 
     @property
     def max_num_seqs(self) -> int:
@@ -156,11 +179,12 @@ class LLMEngine:
 
     def add_sequence(self, request_id: str, seq: Sequence) -> None:
         """Queue a sequence made by `make_sequence` under `request_id`."""
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
-        seq.request_id, seq.start_s = request_id, time.perf_counter()
-        self._requests[request_id] = seq
-        self.scheduler.add(seq)
+        with self._exclusive("add_request"):
+            if request_id in self._requests:
+                raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
+            seq.request_id, seq.start_s = request_id, time.perf_counter()
+            self._requests[request_id] = seq
+            self.scheduler.add(seq)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
         """Queue a prompt (text or token ids); it joins the batch at the next step."""
@@ -171,13 +195,14 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its blocks now; the next step reports it with finish_reason "abort".
         Unknown or finished ids are ignored."""
-        seq = self._requests.pop(request_id, None)
-        if seq is None:
-            return
-        self.scheduler.remove(seq)
-        self.runner.block_manager.release(seq)
-        seq.finish, seq.end_s = FinishReason.ABORT, time.perf_counter()
-        self._aborted.append(self._output(seq, [], ""))
+        with self._exclusive("abort_request"):
+            seq = self._requests.pop(request_id, None)
+            if seq is None:
+                return
+            self.scheduler.remove(seq)
+            self.runner.block_manager.release(seq)
+            seq.finish, seq.end_s = FinishReason.ABORT, time.perf_counter()
+            self._aborted.append(self._output(seq, [], ""))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
@@ -206,6 +231,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; one output per request that got a token or finished (aborts included)."""
+        with self._exclusive("step"):
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
         bm = self.runner.block_manager
         seqs = self.scheduler.schedule(bm, self._grow_pool)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable
 
 import torch
@@ -46,6 +47,10 @@ class LLM(LLMEngine):
 
     _calls = itertools.count()
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._generate_lock = threading.Lock()  # concurrent generate / chat callers take turns
+
     def _ensure_cache(self, seqs: list[Sequence], shuffle_seed: int | None) -> None:
         """Size the pool once for the first wave (capped by max_kv_cache_bytes) instead of growing it step by step."""
         bm = self.runner.block_manager
@@ -64,7 +69,13 @@ class LLM(LLMEngine):
         stream: StreamCallback | None = None,
         shuffle_blocks_seed: int | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); `stream(i, delta)` gets text as it is produced."""
+        """Generate for every prompt (text or token ids); `stream(i, delta)` gets text as it is produced.
+
+        Callers on several threads take turns: each call runs its prompts to the end on its own."""
+        with self._generate_lock:
+            return self._generate(prompts, sampling_params, stream, shuffle_blocks_seed)
+
+    def _generate(self, prompts, sampling_params, stream, shuffle_blocks_seed) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if not prompts:

@@ -166,3 +166,65 @@ def test_second_chat_turn_is_served_from_cache(engines):
     assert second.num_cached_tokens >= full_blocks > 0  # at least turn 1's full blocks
     plain = make_engine("smollm2", enable_prefix_caching=False)
     assert plain.chat(conv, params)[0].token_ids == second.token_ids
+
+
+def test_generate_from_several_threads_takes_turns(engines, alone):
+    """Concurrent `LLM.generate` callers each get their own prompts' tokens, as if run alone."""
+    import threading
+
+    llm = engines("llama")
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def worker(i: int) -> None:
+        try:
+            start.wait()
+            results[i] = llm.generate(PROMPTS[i], GREEDY)[0].token_ids
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert [results[i] for i in range(3)] == alone
+    assert not llm.has_unfinished_requests() and llm.metrics().kv_blocks_used == 0
+
+
+def test_second_thread_inside_the_engine_is_refused(engines, monkeypatch):
+    """A thread that calls step / add / abort while another is inside step gets a clear error; nothing leaks."""
+    import threading
+
+    engine = engines("llama")
+    inside, release = threading.Event(), threading.Event()
+    real_step = engine.runner.step
+
+    def slow_step(seqs):
+        inside.set()
+        release.wait(60)
+        return real_step(seqs)
+
+    monkeypatch.setattr(engine.runner, "step", slow_step)
+    engine.add_request("t0", PROMPTS[0], SamplingParams(max_tokens=2, ignore_eos=True))
+    stepper = threading.Thread(target=engine.step, name="stepper")
+    stepper.start()
+    try:
+        assert inside.wait(60)
+        for call in (engine.step, lambda: engine.add_request("t1", "fox", GREEDY), lambda: engine.abort_request("t0")):
+            with pytest.raises(RuntimeError, match=r"LLMEngine\.\w+: called from thread .* while thread 'stepper'"):
+                call()
+    finally:
+        release.set()
+        stepper.join(60)
+    monkeypatch.undo()
+    final = run_to_end(engine)
+    assert final["t0"].token_ids == alone_tokens(engine, PROMPTS[0], 2)
+    assert engine.metrics().kv_blocks_used == 0
+
+
+def alone_tokens(engine: LLMEngine, prompt: str, n: int) -> list[int]:
+    engine.add_request("alone", prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+    return run_to_end(engine)["alone"].token_ids
