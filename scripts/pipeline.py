@@ -7,7 +7,7 @@
 1. build the wheel in the build environment (torch A; `.venv` for 2.13.0) and audit it: a finding
    stops the run (`scripts/build_wheel.sh` gates the build, `keel audit` gives verdict and floor);
 2. for torch A and each target torch B (and each Python): a fresh virtual environment with only
-   torch B, keel's runtime requirements (read from the wheel) and pytest; the SAME wheel file;
+   torch B, keel's runtime requirements (read from the wheel), pytest and keel-audit; the SAME wheel file;
 3. there: the op tests of the checkout against the installed wheel, and one process that runs the
    ops and a greedy generation with keel's default model, then hashes every keel library in its own
    memory map (scripts/demo_generate.py); those hashes must equal the built libraries' hashes;
@@ -38,6 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / ".cache" / "pipeline"
 OP_TESTS = ["tests/ops", "tests/test_native.py", "tests/test_wheel_libraries.py"]
+# what the op tests need besides torch and the wheel: pytest, and the checkout's keel-audit (pure Python),
+# which tests/test_wheel_libraries.py runs over the installed libraries
+TEST_TOOLS = ["pytest", str(ROOT / "audit")]
 # This machine's pip config caps torch (a constraints file); the pipeline's own installs lift it.
 # An empty PIP_CONSTRAINT is ignored by some pip releases, /dev/null (no constraints) never is.
 PIP_ENV = {"PIP_CONSTRAINT": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
@@ -178,7 +181,7 @@ def torch_install_error(torch: str, python: str, pip_output: str, log: Path) -> 
 
 
 def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: bool, tag: str) -> None:
-    """A virtual environment with exactly torch==`torch`, keel's runtime requirements and pytest."""
+    """A virtual environment with exactly torch==`torch`, keel's runtime requirements and TEST_TOOLS."""
     if fresh and env.exists():
         shutil.rmtree(env)
     if not (env / "bin" / "python").exists():
@@ -189,7 +192,7 @@ def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: 
                    f"{tag}-torch", check=False)
         if proc.returncode != 0:
             raise torch_install_error(torch, python, proc.stdout, log_path(f"{tag}-torch"))
-    run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, "pytest"], f"{tag}-deps")
+    run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, *TEST_TOOLS], f"{tag}-deps")
 
 
 def install_wheel(env: Path, wheel: Path, torch: str, tag: str) -> None:
@@ -244,7 +247,7 @@ def run_row(row: Row, env: Path, python: str, wheel: Path, built: dict[str, str]
     print(f"### torch {row.torch_b}, Python {row.python}: {env.name}", flush=True)
     try:
         if build_env:  # the build's own environment: torch A is already there
-            run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, "pytest"], f"{tag}-deps")
+            run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, *TEST_TOOLS], f"{tag}-deps")
         else:
             make_env(env, python, row.torch_b, requires, fresh=not args.reuse_envs, tag=tag)
         install_wheel(env, wheel, row.torch_b, tag)

@@ -105,3 +105,32 @@ def test_pipeline_help_runs_without_torch():
     proc = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "pipeline.py"), "--help"],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0 and "--targets" in proc.stdout, proc.stderr
+
+
+def _third_party_imports(paths: list[Path]) -> set[str]:
+    """Top-level modules imported by these test files (and the conftest / support code they use)."""
+    import ast
+
+    local = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {p.name for p in (ROOT / "tests").rglob("*") if p.is_dir()}
+    found: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            found.update(n.split(".")[0] for n in names)
+    return {m for m in found - local - set(sys.stdlib_module_names) if m != "keel"}
+
+
+def test_target_environments_install_what_the_op_tests_import():
+    """A target environment has torch, the wheel and TEST_TOOLS; the op tests must import nothing else
+    (tests/test_wheel_libraries.py imports keel_audit: a target env without it fails collection)."""
+    files = [ROOT / "tests" / "conftest.py", *sorted((ROOT / "tests" / "support").rglob("*.py"))]
+    for entry in pipeline.OP_TESTS:
+        target = ROOT / entry
+        files += sorted(target.rglob("*.py")) if target.is_dir() else [target]
+    provided = {"torch"} | {{"pytest": "pytest", str(ROOT / "audit"): "keel_audit"}[t] for t in pipeline.TEST_TOOLS}
+    assert _third_party_imports(files) <= provided
+    ci = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    install = re.search(r'pip install "torch==\$\{TORCH\}"(.*)', ci)
+    assert install and set(install.group(1).split()) >= {"pytest", "./audit"}
+    assert " ".join(pipeline.OP_TESTS) in ci  # the matrix runs the same op tests
