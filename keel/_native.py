@@ -33,6 +33,7 @@ _loaded: dict[str, Path] = {}
 _status: dict[str, LoadStatus] = {}
 # torch.library registrations of the "no CUDA kernel" stubs; kept alive for the process
 _stub_libraries: list[Any] = []
+cuda_stubs: dict[str, Callable[..., Any]] = {}  # qualname -> the raising CUDA kernel registered for it
 
 
 class NativeLibraryError(ImportError):
@@ -118,7 +119,9 @@ def missing_cuda_kernel(qualname: str, library: Path, reason: str) -> Callable[.
 def _register_cuda_stubs(namespace: str, ops: Iterable[str], library: Path, reason: str) -> None:
     lib = torch.library.Library(namespace, "IMPL")
     for op in ops:
-        lib.impl(op, missing_cuda_kernel(f"{namespace}::{op}", library, reason), "CUDA")
+        kernel = missing_cuda_kernel(f"{namespace}::{op}", library, reason)
+        lib.impl(op, kernel, "CUDA")
+        cuda_stubs[f"{namespace}::{op}"] = kernel
     _stub_libraries.append(lib)
 
 
@@ -126,17 +129,20 @@ def load_pair(
     directory: Path,
     namespace: str,
     ops: Iterable[str],
-    cpu_name: str = "_C",
-    cuda_name: str = "_C_cuda",
+    *,
+    who: str = "keel",
+    error: type[ImportError] = NativeLibraryError,
+    missing: str = "this keel was not built",
 ) -> LoadStatus:
-    """Load `<directory>/<cpu_name>.abi3.so`, and `<cuda_name>.abi3.so` on a CUDA build of torch.
+    """Load `<directory>/_C.abi3.so`, and `_C_cuda.abi3.so` on a CUDA build of torch (keel's own pair
+    and every vendored library's).
 
-    The CPU library must load (NativeLibraryError otherwise). The CUDA one may be missing or fail
+    The CPU library must load (`error`, prefixed `who`, otherwise). The CUDA one may be missing or fail
     to load: then every op of `ops` in `namespace` gets a CUDA kernel that raises with the reason.
     """
-    cpu = directory / f"{cpu_name}.abi3.so"
-    _load_file(cpu)
-    cuda_path = directory / f"{cuda_name}.abi3.so"
+    cpu = directory / "_C.abi3.so"
+    _load_file(cpu, who, error, missing)
+    cuda_path = directory / "_C_cuda.abi3.so"
     cuda: Path | None = None
     reason: str | None = None
     if torch.version.cuda:

@@ -16,7 +16,6 @@ from keel import _native
 
 _DIR = Path(__file__).resolve().parent
 _loaded: dict[str, VendoredLibrary] = {}
-_cuda_refusals: dict[str, object] = {}  # qualname -> the CUDA kernel registered when the twin is absent
 
 
 class VendoredLibraryError(ImportError):
@@ -35,22 +34,6 @@ class VendoredLibrary:
     cuda_error: str | None  # why the CUDA twin is not loaded (None when loaded or not wanted)
 
 
-def _load_file(name: str, path: Path) -> None:
-    _native._load_file(path, f"keel.vendored.{name}", VendoredLibraryError, "this keel was built without it")
-
-
-def _refuse_cuda(namespace: str, ops: list[str], reason: str) -> None:
-    """Register a CUDA kernel per op that raises `reason` (only when the CUDA twin is absent)."""
-    for op in ops:
-        qualname = f"{namespace}::{op}"
-
-        def kernel(*args, _op: str = qualname, **kwargs):
-            raise RuntimeError(f"{_op}: got CUDA tensors, but {reason}")
-
-        torch.library.impl(qualname, "CUDA")(kernel)
-        _cuda_refusals[qualname] = kernel
-
-
 def load_vendored(name: str, namespace: str, ops: list[str], directory: Path | None = None) -> VendoredLibrary:
     """Load `keel/vendored/<name>/_C.abi3.so` (+ CUDA twin on CUDA torch) once; `ops` are the
     op names of `namespace` that get a clear CUDA error when the twin cannot load."""
@@ -61,20 +44,10 @@ def load_vendored(name: str, namespace: str, ops: list[str], directory: Path | N
         raise VendoredLibraryError(
             f"keel.vendored.{name} needs torch>={floor[0]}.{floor[1]}, but torch {torch.__version__} is installed"
         )
-    folder = directory or _DIR / name
-    cpu = folder / "_C.abi3.so"
-    _load_file(name, cpu)
-    cuda: Path | None = None
-    cuda_error: str | None = None
-    if torch.version.cuda:
-        path = folder / "_C_cuda.abi3.so"
-        try:
-            _load_file(name, path)
-            cuda = path
-        except VendoredLibraryError as exc:
-            cuda_error = str(exc)
-            _refuse_cuda(namespace, ops, f"its CUDA library could not be loaded ({exc})")
-    lib = VendoredLibrary(name, namespace, tuple(ops), cpu, cuda, cuda_error)
+    status = _native.load_pair(directory or _DIR / name, namespace, ops, who=f"keel.vendored.{name}",
+                               error=VendoredLibraryError, missing="this keel was built without it")
+    cuda_error = None if status.cuda_reason is None else f"_C_cuda.abi3.so {status.cuda_reason}"
+    lib = VendoredLibrary(name, namespace, tuple(ops), status.cpu, status.cuda, cuda_error)
     _loaded[name] = lib
     return lib
 
