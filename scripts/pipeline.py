@@ -192,6 +192,11 @@ def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: 
                    f"{tag}-torch", check=False)
         if proc.returncode != 0:
             raise torch_install_error(torch, python, proc.stdout, log_path(f"{tag}-torch"))
+    install_requirements(env, requires, tag)
+
+
+def install_requirements(env: Path, requires: list[str], tag: str) -> None:
+    """keel's runtime requirements (read from the wheel) and TEST_TOOLS; torch is already there."""
     run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, *TEST_TOOLS], f"{tag}-deps")
 
 
@@ -246,9 +251,7 @@ def run_row(row: Row, env: Path, python: str, wheel: Path, built: dict[str, str]
     tag = f"py{row.python}-torch{row.torch_b}"
     print(f"### torch {row.torch_b}, Python {row.python}: {env.name}", flush=True)
     try:
-        if build_env:  # the build's own environment: torch A is already there
-            run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", *requires, *TEST_TOOLS], f"{tag}-deps")
-        else:
+        if not build_env:  # the build's own environment got its requirements before fetch-demo
             make_env(env, python, row.torch_b, requires, fresh=not args.reuse_envs, tag=tag)
         install_wheel(env, wheel, row.torch_b, tag)
         row.op_tests_ok, row.op_tests = op_tests(env, tag)
@@ -345,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.wheel:  # a wheel built elsewhere (CI): torch A's environment is made here
             make_env(build_env, build_python, args.torch_a, requires, fresh=False, tag=f"py{build_py}-build")
         install_wheel(build_env, wheel, args.torch_a, f"py{build_py}-torch{args.torch_a}")
+        # the wheel went in without dependencies: `keel models fetch-demo` below already needs them
+        install_requirements(build_env, requires, f"py{build_py}-torch{args.torch_a}")
         verdict, floor = audit(build_env, wheel, os.environ.get("KEEL_TORCH_TARGET", "2.10"))
         print(f"### audit: {verdict}, torch>={floor}")
         run([str(build_env / "bin" / "keel"), "models", "fetch-demo"], "fetch-demo")

@@ -134,3 +134,26 @@ def test_target_environments_install_what_the_op_tests_import():
     install = re.search(r'pip install "torch==\$\{TORCH\}"(.*)', ci)
     assert install and set(install.group(1).split()) >= {"pytest", "./audit"}
     assert " ".join(pipeline.OP_TESTS) in ci  # the matrix runs the same op tests
+
+
+def test_build_env_gets_the_runtime_requirements_before_fetch_demo(tmp_path, monkeypatch):
+    """The wheel goes into torch A's environment without dependencies; on a fresh machine that
+    environment has no numpy, so `keel models fetch-demo` failed until the requirements went in first."""
+    import zipfile
+
+    wheel = tmp_path / "keel-0-cp310-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("keel/_C.abi3.so", b"one")
+        zf.writestr("keel-0.dist-info/METADATA", "Name: keel\nRequires-Dist: numpy\nRequires-Dist: torch>=2.10\n")
+    calls: list[str] = []
+    monkeypatch.setattr(pipeline, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(pipeline, "build", lambda *a: wheel)
+    monkeypatch.setattr(pipeline, "check_build_tree", lambda built: None)
+    monkeypatch.setattr(pipeline, "installed_torch", lambda env: "2.13.0")
+    monkeypatch.setattr(pipeline, "audit", lambda *a: ("STABLE", "2.10"))
+    monkeypatch.setattr(pipeline, "run", lambda cmd, log, **kw: calls.append(" ".join(map(str, cmd))))
+    monkeypatch.setattr(pipeline, "run_row", lambda row, *a, **kw: calls.append("row") or row)
+    pipeline.main(["--targets", "2.14.1", "--below-floor", "", "--build-env", str(tmp_path / "venv")])
+    fetch = next(i for i, c in enumerate(calls) if "models fetch-demo" in c)
+    deps = [i for i, c in enumerate(calls) if "pip install" in c and " numpy " in f"{c} "]
+    assert deps and deps[0] < fetch, calls
