@@ -32,6 +32,18 @@ enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
 set(KEEL_BUILD_CUDA ON)
 
+# nvcc flags of every CUDA object (keel's kernels and the vendored forks'). Reproducible bytes: nvcc's
+# intermediate files are named after its process id (tmpxft_<pid>...), which ends up as the object's
+# FILE symbol; --objdir-as-tempdir (nvcc >= 12.4) names them after the object instead. (Anonymous
+# namespaces are avoided in .cu files: nvcc hashes the source's absolute path into their names.)
+set(KEEL_CUDA_FLAGS -O3 --expt-relaxed-constexpr -Xcompiler=-fvisibility=hidden)
+if(CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.4)
+  list(APPEND KEEL_CUDA_FLAGS --objdir-as-tempdir)
+else()
+  message(WARNING "keel: nvcc ${CMAKE_CUDA_COMPILER_VERSION} < 12.4 has no --objdir-as-tempdir: "
+                  "the CUDA libraries will differ between two builds")
+endif()
+
 if(EXISTS "${TORCH_ROOT}/lib/libtorch_cuda.so")
   set(KEEL_LIBTORCH_CUDA "${TORCH_ROOT}/lib/libtorch_cuda.so")
   message(STATUS "keel: linking _C_cuda against ${KEEL_LIBTORCH_CUDA}")
@@ -56,6 +68,6 @@ function(keel_add_cuda_kernels name)
   target_include_directories(${name} PRIVATE "${PROJECT_SOURCE_DIR}/csrc")
   set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_STANDARD 17
     CUDA_ARCHITECTURES "${KEEL_CUDA_ARCHS}")
-  target_compile_options(${name} PRIVATE -O3 --expt-relaxed-constexpr -Xcompiler=-fvisibility=hidden)
+  target_compile_options(${name} PRIVATE ${KEEL_CUDA_FLAGS})
   message(STATUS "keel: building CUDA kernels for archs ${KEEL_CUDA_ARCHS}")
 endfunction()

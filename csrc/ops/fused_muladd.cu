@@ -6,7 +6,9 @@
 #include <type_traits>
 
 namespace keel {
-namespace {
+// a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
+// source file's absolute path, so the library's bytes would depend on the build folder
+namespace fused_muladd_detail {
 
 template <typename T>
 __global__ void fused_muladd_kernel(FusedMulAddParams p) {
@@ -33,7 +35,8 @@ __global__ void fused_muladd_kernel(FusedMulAddParams p) {
   }
 }
 
-}  // namespace
+}  // namespace fused_muladd_detail
+using namespace fused_muladd_detail;  // the launchers below
 
 void fused_muladd_cuda(const FusedMulAddParams& p, void* stream) {
   const int threads = 256;

@@ -4,7 +4,9 @@
 #include "ops/reshape_and_cache.h"
 
 namespace keel {
-namespace {
+// a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
+// source file's absolute path, so the library's bytes would depend on the build folder
+namespace reshape_and_cache_detail {
 
 template <typename T>
 __device__ void copy_side(const CacheSide& s, int64_t t, int64_t block, int64_t offset, int64_t heads, int64_t d) {
@@ -30,7 +32,8 @@ __global__ void reshape_and_cache_kernel(ReshapeAndCacheParams p) {
   copy_side<T>(p.value, t, block, offset, p.kv_heads, p.head_size);
 }
 
-}  // namespace
+}  // namespace reshape_and_cache_detail
+using namespace reshape_and_cache_detail;  // the launchers below
 
 void reshape_and_cache_cuda(const ReshapeAndCacheParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);

@@ -5,7 +5,9 @@
 #include "ops/rms_norm.h"
 
 namespace keel {
-namespace {
+// a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
+// source file's absolute path, so the library's bytes would depend on the build folder
+namespace rms_norm_detail {
 
 template <typename T>
 __global__ void rms_norm_kernel(RmsNormParams p) {
@@ -32,7 +34,8 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
   }
 }
 
-}  // namespace
+}  // namespace rms_norm_detail
+using namespace rms_norm_detail;  // the launchers below
 
 void rms_norm_cuda(const RmsNormParams& p, void* stream) {
   const int threads = p.hidden >= 1024 ? 1024 : (p.hidden >= 256 ? 256 : 128);

@@ -4,7 +4,9 @@
 #include "ops/rotary_embedding.h"
 
 namespace keel {
-namespace {
+// a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
+// source file's absolute path, so the library's bytes would depend on the build folder
+namespace rotary_embedding_detail {
 
 template <typename T, typename C>
 __device__ void rotate(const RotaryTensor& t, int64_t token, const C* cos, const C* sin, int64_t cs,
@@ -38,7 +40,8 @@ __global__ void rotary_kernel(RotaryParams p) {
   rotate<T, C>(p.k, t, cos, sin, p.cache_col_stride, half, p.is_neox);
 }
 
-}  // namespace
+}  // namespace rotary_embedding_detail
+using namespace rotary_embedding_detail;  // the launchers below
 
 void rotary_embedding_cuda(const RotaryParams& p, void* stream) {
   const int threads = 128;

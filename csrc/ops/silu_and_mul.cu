@@ -4,7 +4,9 @@
 #include "ops/silu_and_mul.h"
 
 namespace keel {
-namespace {
+// a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
+// source file's absolute path, so the library's bytes would depend on the build folder
+namespace silu_and_mul_detail {
 
 template <typename T>
 __global__ void silu_and_mul_kernel(SiluAndMulParams p) {
@@ -18,7 +20,8 @@ __global__ void silu_and_mul_kernel(SiluAndMulParams p) {
   }
 }
 
-}  // namespace
+}  // namespace silu_and_mul_detail
+using namespace silu_and_mul_detail;  // the launchers below
 
 void silu_and_mul_cuda(const SiluAndMulParams& p, void* stream) {
   const int threads = p.d >= 1024 ? 1024 : 256;

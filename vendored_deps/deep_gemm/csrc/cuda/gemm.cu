@@ -14,7 +14,9 @@
 #include "csrc/cuda/launch.hpp"
 
 namespace deep_gemm::cuda {
-namespace {
+// a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
+// source file's absolute path, so the library's bytes would depend on the build folder
+namespace gemm_detail {
 
 constexpr int kWarps = 4;
 
@@ -97,5 +99,6 @@ void launch_gemm_nt(const GemmArgs& g, void* stream) {
 
 [[maybe_unused]] const bool registered = register_gemm_launcher(&launch_gemm_nt);
 
-}  // namespace
+}  // namespace gemm_detail
+using namespace gemm_detail;  // the launchers below
 }  // namespace deep_gemm::cuda

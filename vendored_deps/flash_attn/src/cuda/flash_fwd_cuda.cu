@@ -17,7 +17,9 @@
 #include "../flash_api.h"
 
 namespace flash {
-namespace {
+// a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
+// source file's absolute path, so the library's bytes would depend on the build folder
+namespace flash_fwd_cuda_detail {
 
 constexpr int kWarps = 4;            // query rows per block
 constexpr int kMaxD = 256;           // head dim limit (checked on the host)
@@ -101,7 +103,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const Flash_fwd_
   }
 }
 
-}  // namespace
+}  // namespace flash_fwd_cuda_detail
+using namespace flash_fwd_cuda_detail;  // the launchers below
 
 void run_mha_fwd_cuda(const Flash_fwd_params& params, void* stream) {
   if (params.d > kMaxD) throw std::invalid_argument("head_size must be <= 256 on CUDA");
@@ -117,9 +120,9 @@ void run_mha_fwd_cuda(const Flash_fwd_params& params, void* stream) {
   if (err != cudaSuccess) throw std::runtime_error(std::string("CUDA launch failed: ") + cudaGetErrorString(err));
 }
 
-namespace {
+namespace flash_fwd_cuda_detail {
 // linked into a library, these kernels serve the fork's API for device tensors
 [[maybe_unused]] const bool kRegistered = (set_cuda_launcher(&run_mha_fwd_cuda), true);
-}  // namespace
+}  // namespace flash_fwd_cuda_detail
 
 }  // namespace flash
