@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -240,3 +242,27 @@ def test_shipped_table_facts() -> None:
     assert x86["2.34"]["GLIBCXX"] == "3.4.29" and x86["2.35"]["GLIBCXX"] == "3.4.30"
     assert x86["2.17"] == {"GLIBC": "2.17", "GLIBCXX": "3.4.19", "CXXABI": "1.3.7", "GCC": "4.8.0"}
     assert table.named["x86_64"]["GLIBC_ABI_DT_RELR"] == "2.36"
+
+
+def _auditwheel_constraint(wheel: Path) -> str | None:
+    """The platform tag auditwheel's symbol-version check allows for a wheel (`auditwheel show`)."""
+    exe = shutil.which("auditwheel", path=str(Path(sys.executable).parent)) or shutil.which("auditwheel")
+    if exe is None:
+        pytest.skip("auditwheel not installed (requirements-test.txt)")
+    proc = subprocess.run([exe, "show", str(wheel)], capture_output=True, text=True, check=False)
+    text = " ".join(proc.stdout.split())
+    found = re.findall(r'(?:constrains the platform tag to|following platform tag:) "(\w+)"', text)
+    return found[-1] if found else None
+
+
+def test_real_wheels_agree_with_auditwheel() -> None:
+    """Opt-in (no network in the suite): every wheel of $KEEL_AUDIT_REAL_WHEELS (a folder of
+    `pip download`ed x86_64 wheels, up to 50 MB each) gets auditwheel's tag as its manylinux floor."""
+    folder = os.environ.get("KEEL_AUDIT_REAL_WHEELS")
+    wheels = [w for w in sorted(Path(folder).glob("*x86_64*.whl")) if w.stat().st_size <= 50 << 20] if folder else []
+    if not wheels:
+        pytest.skip("set KEEL_AUDIT_REAL_WHEELS to a folder of downloaded x86_64 wheels")
+    for wheel in wheels:
+        floor = audit([str(wheel)]).manylinux_floor
+        ours = f"manylinux_{floor.replace('.', '_')}_x86_64" if floor else "linux_x86_64"
+        assert ours == _auditwheel_constraint(wheel), wheel.name
