@@ -4,8 +4,9 @@
     python scripts/bench_gemm.py --shapes 8b --m 1
 
 All peers run in the same process, alternating round by round; each cell is the median over rounds of the
-mean time of a few back-to-back calls. `fp8` is fp8_gemm_nt alone (weights and activations cast beforehand);
-`fp8+cast` adds the per-token activation cast that the engine's Fp8Linear pays on every call. Ratios > 1 mean
+mean time of a few back-to-back calls. `fp8` is fp8_gemm_nt alone (weights and activations cast beforehand)
+with the engine's 1x128 weight scales (recipe (1, 1, 128)); `fp8+cast` adds the per-token activation cast that
+the engine's Fp8Linear pays on every call; `fp8 128x128` is the same GEMM with 128x128 weight blocks. Ratios > 1 mean
 fp8 is faster. The weight is [N, K] (N outputs), as in nn.Linear.
 """
 
@@ -40,20 +41,24 @@ def bench_shape(n: int, k: int, m: int, rounds: int) -> dict[str, float]:
     """Median seconds per call of each peer for x [m, k] @ w[n, k].T."""
     w = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
     x = torch.randn(m, k, dtype=torch.bfloat16)
-    qw = dg.per_block_cast_to_fp8(w)  # 128x128 weight blocks, as the engine uses (recipe (1, 128, 128))
+    blocks = dg.per_block_cast_to_fp8(w)  # 128x128 weight blocks, recipe (1, 128, 128) (DeepSeek-V3's)
+    rows = dg.per_token_cast_to_fp8(w)  # 1x128 groups per weight row, recipe (1, 1, 128) (the engine's default)
     qx = dg.per_token_cast_to_fp8(x)
     d = torch.empty(m, n, dtype=torch.bfloat16)
-    recipe = (1, 128, 128)
 
     def fp8() -> None:
-        dg.fp8_gemm_nt(qx, qw, d, recipe=recipe)
+        dg.fp8_gemm_nt(qx, rows, d, recipe=(1, 1, 128))
 
     def fp8_cast() -> None:
-        dg.fp8_gemm_nt(dg.per_token_cast_to_fp8(x), qw, d, recipe=recipe)
+        dg.fp8_gemm_nt(dg.per_token_cast_to_fp8(x), rows, d, recipe=(1, 1, 128))
+
+    def fp8_blocks() -> None:
+        dg.fp8_gemm_nt(qx, blocks, d, recipe=(1, 128, 128))
 
     peers: dict[str, Callable[[], object]] = {
         "fp8": fp8,
         "fp8+cast": fp8_cast,
+        "fp8 128x128": fp8_blocks,
         "keel bf16": lambda: keel.ops.linear(x, w),
         "torch bf16": lambda: x @ w.T,
     }
@@ -79,9 +84,10 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, rounds {args.rounds}")
     print(
-        "| model | N x K | M | fp8 us | fp8+cast us | keel bf16 us | torch bf16 us | keel/fp8 | torch/fp8 | fp8 GB/s |"
+        "| model | N x K | M | fp8 us | fp8+cast us | fp8 128x128 us | keel bf16 us | torch bf16 us | keel/fp8 | "
+        "torch/fp8 | fp8 GB/s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for model in args.shapes:
         for n, k in SHAPES[model]:
             for m in args.m:
@@ -89,6 +95,7 @@ def main() -> None:
                 gbs = n * k / t["fp8"] / 1e9  # fp8 weight bytes streamed per second
                 print(
                     f"| {model} | {n} x {k} | {m} | {t['fp8'] * 1e6:.0f} | {t['fp8+cast'] * 1e6:.0f} | "
+                    f"{t['fp8 128x128'] * 1e6:.0f} | "
                     f"{t['keel bf16'] * 1e6:.0f} | {t['torch bf16'] * 1e6:.0f} | {t['keel bf16'] / t['fp8']:.2f} | "
                     f"{t['torch bf16'] / t['fp8']:.2f} | {gbs:.1f} |",
                     flush=True,

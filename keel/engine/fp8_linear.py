@@ -1,6 +1,7 @@
 """FP8 weights for the engine (`quantization="fp8"`): every `nn.Linear` becomes an `Fp8Linear` whose weight is
-cast once, at load time, to float8_e4m3fn with fp32 block scales, and whose input is cast per token (1x128
-groups) at every call, as DeepSeek-V3 runs its linears; the product runs through the vendored DeepGEMM-style
+cast once, at load time, to float8_e4m3fn with fp32 scales per row and 128-wide K group (DeepGEMM's
+(1, 1, 128) recipe; DeepSeek-V3's 128x128 blocks are the other choice), and whose input is cast per token
+(1x128 groups) at every call, as DeepSeek-V3 runs its linears; the product runs through the vendored DeepGEMM-style
 `fp8_gemm_nt`. A runner policy like cpu_linear's prepacking: the model code stays plain
 `nn.Linear`. The embedding lookup keeps its bf16/fp32 table (a tied lm_head gets its own FP8 copy)."""
 
@@ -10,11 +11,13 @@ import torch
 from torch import nn
 
 QUANTIZATIONS = ("none", "fp8")
-# DeepGEMM's scale recipes (m, n, k): (1, 128, 128) = 128x128 weight blocks (DeepSeek-V3's, the default);
-# (1, 1, 128) = one scale per weight row and 128-wide K group (3% more bytes of scales). On SmolLM2-135M
-# (tests/data's text) 128x128 costs +4.6% perplexity over bf16 (+3.7% from the weights alone), 1x128 +1.7%.
+# DeepGEMM's scale recipes (m, n, k): (1, 128, 128) = 128x128 weight blocks (DeepSeek-V3's);
+# (1, 1, 128) = one scale per weight row and 128-wide K group (3% more bytes of scales), the engine's
+# default. On SmolLM2-135M (tests/data's text) 128x128 costs +4.5% perplexity over bf16 (keeping lm_head
+# in bf16 still +4.3%), 1x128 +1.5%, at the same decode speed on CPU (1.00x, scripts/bench_generate.py).
 BLOCK_RECIPE = (1, 128, 128)
 ROW_RECIPE = (1, 1, 128)
+DEFAULT_RECIPE = ROW_RECIPE
 
 
 def check_quantization(quantization: str | None) -> str:
@@ -30,7 +33,7 @@ class Fp8Linear(nn.Module):
 
     Outputs have the input's dtype (bf16 or fp32: what fp8_gemm_nt writes; other dtypes go through fp32)."""
 
-    def __init__(self, linear: nn.Linear, recipe: tuple[int, int, int] = BLOCK_RECIPE) -> None:
+    def __init__(self, linear: nn.Linear, recipe: tuple[int, int, int] = DEFAULT_RECIPE) -> None:
         super().__init__()
         from keel.vendored import deep_gemm  # loads the vendored library only when FP8 is asked for
 
@@ -66,7 +69,7 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weight=fp8_e4m3 {block} blocks"
 
 
-def quantize_linears(model: nn.Module, recipe: tuple[int, int, int] = BLOCK_RECIPE) -> int:
+def quantize_linears(model: nn.Module, recipe: tuple[int, int, int] = DEFAULT_RECIPE) -> int:
     """Replace every `nn.Linear` (or the runner's `KeelLinear`) of `model`, lm_head included, by an
     `Fp8Linear`, in place; returns how many."""
     from keel.engine.cpu_linear import KeelLinear
