@@ -98,16 +98,17 @@ class AuditedWheel(bdist_wheel):
             raise SystemExit(f"keel: audit of {', '.join(p.name for p in libs)} failed "
                              f"(target torch {TORCH_TARGET}); wheel not built")
         self.torch_requirement = f"torch>={result.torch_floor}"
-        self.glibc_floor = result.glibc_max  # the platform tag (get_tag) follows the audited glibc floor
+        self.manylinux_floor = result.manylinux_floor  # the platform tag (get_tag) follows the audit
         super().run()
 
     def get_tag(self) -> tuple[str, str, str]:
-        # linux_<arch> -> manylinux_<glibc>_<arch>: the newest glibc symbol version the audit found
-        # in the wheel's libraries (`auditwheel show` computes the same constraint).
+        # linux_<arch> -> manylinux_<X>_<Y>_<arch>: the audit's manylinux floor, the oldest manylinux
+        # policy whose GLIBC_/GLIBCXX_/CXXABI_/GCC_ bounds admit every library (`auditwheel show`
+        # computes the same); it stays linux_<arch> when the audit knows no policy that admits them.
         impl, abi, plat = super().get_tag()
-        glibc = getattr(self, "glibc_floor", None)
-        if glibc and plat.startswith("linux_"):
-            plat = f"manylinux_{glibc.replace('.', '_')}_{plat.removeprefix('linux_')}"
+        floor = getattr(self, "manylinux_floor", None)
+        if floor and plat.startswith("linux_"):
+            plat = f"manylinux_{floor.replace('.', '_')}_{plat.removeprefix('linux_')}"
         return impl, abi, plat
 
     def write_wheelfile(self, wheelfile_base: str, *args, **kwargs) -> None:

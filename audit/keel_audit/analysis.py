@@ -143,6 +143,9 @@ def audit(
     valid = [lib for lib in libraries if lib.verdict != INVALID]
     verdicts = {lib.verdict for lib in valid}
     verdict = UNSTABLE if UNSTABLE in verdicts else STABLE if STABLE in verdicts else NO_TORCH
+    # policies only widen with glibc, so the package's floor is its libraries' newest; unknown if any is
+    floors = [lib.manylinux_floor for lib in valid if lib.manylinux_floor]
+    unknown = any(lib.manylinux_excess for lib in valid)
     return PackageAudit(
         sources=tuple(s.label for s in sources),
         tags=tuple(dict.fromkeys(t for s in sources for t in s.tags)),
@@ -152,6 +155,7 @@ def audit(
         torch_floor=highest([lib.torch_floor for lib in valid if lib.torch_floor]),
         python_floor=highest([lib.python_floor for lib in valid if lib.python_floor]),
         glibc_max=highest([lib.glibc_max for lib in valid if lib.glibc_max]),
+        manylinux_floor=None if unknown else highest(floors),
         target_torch=target,
         policy=rules.name,
         allow=tuple(allow),

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 
 from .elf import ElfInfo
 from .mangling import is_stable_path, torch_refs
+from .manylinux import manylinux_table, needs
 from .models import NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit
 from .policy import Policy
 from .table import CPythonTable, ShimTable, is_cpython_name
 from .versions import highest
 
-_GLIBC = re.compile(r"^(GLIBC|GLIBCXX|CXXABI)_(\d+(?:\.\d+)*)$")
+_GLIBC = re.compile(r"^(GLIBC|GLIBCXX|CXXABI|GCC)_(\d+(?:\.\d+)*)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +32,8 @@ class Context:
 
 
 def symbol_versions(info: ElfInfo) -> dict[str, str | None]:
-    """Highest GLIBC_, GLIBCXX_ and CXXABI_ version the library needs."""
-    found: dict[str, list[str]] = {"GLIBC": [], "GLIBCXX": [], "CXXABI": []}
+    """Highest GLIBC_, GLIBCXX_, CXXABI_ and GCC_ version the library needs (every needed file)."""
+    found: dict[str, list[str]] = {"GLIBC": [], "GLIBCXX": [], "CXXABI": [], "GCC": []}
     for _file, name in info.version_needs:
         m = _GLIBC.match(name)
         if m:
@@ -121,11 +122,14 @@ def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list
     py_floor = None if nonlimited else highest(sorted(set(limited.values())))
     abi3 = ".abi3." in path.rsplit("/", 1)[-1] or ctx.abi3_wheel
     vers = symbol_versions(info)
+    machine = ctx.policy.machines.get(info.machine, info.machine)
+    platform_needs = needs(info)
+    manylinux_floor, excess = manylinux_table().floor(machine, platform_needs)
     verdict = UNSTABLE if (unstable_undef or exported or unknown) else STABLE if shims else NO_TORCH
     lib = LibraryAudit(
         path=path,
         verdict=verdict,
-        machine=ctx.policy.machines.get(info.machine, info.machine),
+        machine=machine,
         needed=info.needed,
         runpath=info.rpath + info.runpath,
         torch_floor=floor,
@@ -135,6 +139,10 @@ def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list
         glibc_max=vers["GLIBC"],
         glibcxx_max=vers["GLIBCXX"],
         cxxabi_max=vers["CXXABI"],
+        gcc_max=vers["GCC"],
+        manylinux_floor=manylinux_floor,
+        manylinux_excess=tuple(excess),
+        named_versions=platform_needs.named,
         shim_symbols=tuple(sorted(shims.items())),
         unknown_shim=tuple(sorted(unknown)),
         unstable_undefined=tuple(unstable_undef),
@@ -233,6 +241,8 @@ def _library_findings(lib: LibraryAudit, ctx: Context) -> list[Finding]:
                 severity="" if lib.abi3 else "note",
             )
         )
+    if lib.manylinux_excess:
+        out.append(_floor_unknown(lib))
     if lib.header_only_exported:
         out.append(
             Finding(
@@ -255,6 +265,25 @@ def _library_findings(lib: LibraryAudit, ctx: Context) -> list[Finding]:
             )
         )
     return out
+
+
+def _floor_unknown(lib: LibraryAudit) -> Finding:
+    """No manylinux floor although the library needs platform symbol versions: one above every
+    policy known (data/manylinux_policy.json), or an architecture with no policy. Never a guess."""
+    table = manylinux_table()
+    newest = table.newest(lib.machine)
+    if newest is None:
+        why = f"needs {', '.join(lib.manylinux_excess)}; no manylinux policy known for architecture {lib.machine}"
+    else:
+        why = (f"needs {', '.join(lib.manylinux_excess)}, above every manylinux policy known for "
+               f"{lib.machine} (newest manylinux_{newest.glibc.replace('.', '_')}, from {table.source})")
+    return Finding(
+        "manylinux-floor-unknown",
+        lib.path,
+        f"{why}; no manylinux floor (auditwheel would tag it linux_*); expected versions admitted by a "
+        "known policy (regenerate data/manylinux_policy.json from a newer auditwheel if it has one)",
+        lib.manylinux_excess,
+    )
 
 
 def _unneeded(lib: LibraryAudit, ctx: Context) -> list[str]:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from .inputs import Source
+from .manylinux import Needs, manylinux_table
 from .models import INVALID, Finding, LibraryAudit
 from .requirements import python_floor, torch_requirement
 from .versions import highest
@@ -61,7 +62,8 @@ def package_findings(
 
 
 def _tag_findings(source: Source, libs: list[LibraryAudit]) -> list[Finding]:
-    """Python floor vs abi3 tag and Requires-Python, glibc vs manylinux tag, ELF machine vs platform tag.
+    """Python floor vs abi3 tag and Requires-Python, glibc and libstdc++/libgcc versions vs manylinux
+    tag, ELF machine vs platform tag.
 
     A limited-API floor above the `cpXY-abi3` tag is fine when Requires-Python already keeps every
     Python below it from installing the wheel (a note); otherwise it is an error.
@@ -106,6 +108,8 @@ def _tag_findings(source: Source, libs: list[LibraryAudit]) -> list[Finding]:
                         f"{plat}; expected at most glibc {glibc[0]}.{glibc[1]}",
                     )
                 )
+            if glibc:
+                out += _libstdcxx_findings(lib, plat, glibc, arch)
             if arch and lib.machine and arch != lib.machine:
                 out.append(
                     Finding(
@@ -115,6 +119,46 @@ def _tag_findings(source: Source, libs: list[LibraryAudit]) -> list[Finding]:
                     )
                 )
     return out
+
+
+def _libstdcxx_findings(lib: LibraryAudit, plat: str, glibc: tuple[int, int], arch: str | None) -> list[Finding]:
+    """GLIBCXX_ / CXXABI_ / GCC_ versions above what the tag's manylinux policy allows.
+
+    The policy is the newest known one at or below the tag's glibc (data/manylinux_policy.json). A
+    tag above every known policy is not judged on versions above the newest one: they are reported
+    as manylinux-floor-unknown (classify.py), not as an error the table cannot prove.
+    """
+    table = manylinux_table()
+    bound, newest = table.policy_for_tag(arch, glibc), table.newest(arch)
+    if bound is None or newest is None or (bound is newest and glibc > _key(newest.glibc)):
+        return []
+    highest = {f: v for f, v in (("GLIBCXX", lib.glibcxx_max), ("CXXABI", lib.cxxabi_max), ("GCC", lib.gcc_max)) if v}
+    want = Needs(highest, tuple(n for n in lib.named_versions if not n.startswith("GLIBC_")))
+    named = table.named.get(arch or "", {})
+    excess = bound.excess(want, named)
+    if not excess:
+        return []
+    policy = f"manylinux_{bound.glibc.replace('.', '_')}"
+    allowed = []
+    for version in excess:
+        family = version.split("_", 1)[0]
+        if version in want.named:
+            since = named.get(version)
+            allowed.append(f"{version} only from manylinux_{since.replace('.', '_')}" if since
+                           else f"{version} in no known policy")
+        else:
+            top = bound.highest.get(family)
+            allowed.append(f"{family} at most {family}_{top}" if top else f"no {family}_ version")
+    via = "" if _key(bound.glibc) == glibc else f" (the newest known policy at or below the tag is {policy})"
+    return [
+        Finding(
+            "libstdcxx-above-tag",
+            lib.path,
+            f"needs {', '.join(excess)} but the wheel is tagged {plat}; expected what {policy} allows"
+            f"{via}: {'; '.join(allowed)} (manylinux floor {lib.manylinux_floor or 'unknown'})",
+            tuple(excess),
+        )
+    ]
 
 
 def _platform(plat: str) -> tuple[tuple[int, int] | None, str | None]:

@@ -44,6 +44,12 @@ class LibraryAudit:
     glibc_max: str | None = None
     glibcxx_max: str | None = None
     cxxabi_max: str | None = None
+    gcc_max: str | None = None
+    # oldest manylinux policy (glibc "X.Y") admitting every GLIBC_/GLIBCXX_/CXXABI_/GCC_ version
+    # needed (manylinux.py); None without such needs, or when some are above every known policy
+    manylinux_floor: str | None = None
+    manylinux_excess: tuple[str, ...] = ()  # those above every known policy (or all: unknown arch)
+    named_versions: tuple[str, ...] = ()  # non-numeric ones of those families (CXXABI_TM_1, ...)
     shim_symbols: tuple[tuple[str, str], ...] = ()
     unknown_shim: tuple[str, ...] = ()
     unstable_undefined: tuple[str, ...] = ()
@@ -73,6 +79,7 @@ class PackageAudit:
     torch_floor: str | None
     python_floor: str | None
     glibc_max: str | None
+    manylinux_floor: str | None = None  # newest library floor; None if any library's is unknown
     target_torch: str | None = None
     policy: str = "default"
     allow: tuple[str, ...] = ()

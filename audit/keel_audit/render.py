@@ -29,6 +29,7 @@ def _row(lib: LibraryAudit) -> list[str]:
         _cell(lib.torch_floor),
         _cell(lib.python_floor),
         _cell(lib.glibc_max),
+        _cell(lib.manylinux_floor),
         str(len(lib.shim_symbols)),
         str(len(lib.unstable_symbols) + len(lib.unknown_shim)),
         str(len(lib.header_only_exported) + len(lib.header_only_imported)),
@@ -47,8 +48,8 @@ def render_table(result: PackageAudit) -> str:
     lines = [f"keel audit: {', '.join(result.sources)}"]
     if result.tags:
         lines.append(f"wheel tags: {', '.join(result.tags)}")
-    header = ["library", "verdict", "torch>=", "python>=", "glibc", "shim", "unstable", "header-only", "cpython",
-              "other"]
+    header = ["library", "verdict", "torch>=", "python>=", "glibc", "manylinux", "shim", "unstable",
+              "header-only", "cpython", "other"]
     lines += (
         _table([header] + [_row(lib) for lib in result.libraries])
         if result.libraries
@@ -70,6 +71,7 @@ def render_table(result: PackageAudit) -> str:
     lines.append(
         f"package: {result.verdict}  torch>={_cell(result.torch_floor)}  "
         f"python>={_cell(result.python_floor)}  glibc {_cell(result.glibc_max)}  "
+        f"manylinux {_cell(result.manylinux_floor)}  "
         f"gates: {' '.join(gates)}"
     )
     for f in sorted(result.findings, key=lambda f: _ORDER.index(f.severity)):
@@ -100,6 +102,7 @@ def to_json(result: PackageAudit) -> dict:
         "torch_floor": result.torch_floor,
         "python_floor": result.python_floor,
         "glibc_max": result.glibc_max,
+        "manylinux_floor": result.manylinux_floor,
         "target_torch": result.target_torch,
         "policy": result.policy,
         "counts": {s: result.count(s) for s in _ORDER},
