@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.engine import keel_prompt_logits
 from tiny_checkpoints import ARCHS, needs_ops
 
 from keel.engine import SamplingParams
-from keel.engine.sequence import Sequence
 
 pytestmark = needs_ops
 PROMPTS = ["The quick brown fox", "Paged attention stores keys and values in fixed-size blocks. Hello", "def"]
-
-
-def keel_prompt_logits(llm, ids: list[int]) -> torch.Tensor:
-    """All-position logits [L, V] of one prompt through keel's prefill path."""
-    runner = llm.runner
-    if not runner.block_manager.can_allocate(len(ids) + 1):
-        runner.allocate_kv_cache(runner.block_manager.blocks_for(len(ids) + 1))
-    seq = Sequence(0, None, ids, SamplingParams(), max_len=len(ids) + 1)
-    seq.block_table = runner.block_manager.allocate(seq.max_len)
-    try:
-        return runner.step([seq], is_prefill=True, all_logits=True)
-    finally:
-        runner.block_manager.free(seq.block_table)
 
 
 def hf_greedy(model, ids: list[int], steps: int) -> list[int]:

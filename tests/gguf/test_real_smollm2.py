@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.engine import keel_prompt_logits
 from support.smollm2 import GGUF, needs_smollm2
 
 pytestmark = needs_smollm2
@@ -73,17 +74,7 @@ def test_bf16_parity_with_transformers_bf16(smollm2_fp32):
     with torch.no_grad():
         logits = hf(torch.tensor([ids + out])).logits[0].float()
         ref_tokens = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):]
-    from keel.engine.sequence import Sequence  # keel's all-position prompt logits, as the engine tests take them
-
-    runner = llm.runner
-    if not runner.block_manager.can_allocate(len(ids) + 1):
-        runner.allocate_kv_cache(runner.block_manager.blocks_for(len(ids) + 1))
-    seq = Sequence(0, None, ids, SamplingParams(), max_len=len(ids) + 1)
-    seq.block_table = runner.block_manager.allocate(seq.max_len)
-    try:
-        got = runner.step([seq], is_prefill=True, all_logits=True).float()
-    finally:
-        runner.block_manager.free(seq.block_table)
+    got = keel_prompt_logits(llm, ids).float()  # keel's all-position prompt logits
     diff = (got - logits[: len(ids)]).abs()
     assert diff.max().item() <= REAL_BF16_ATOL and diff.mean().item() <= REAL_BF16_MEAN, (diff.max(), diff.mean())
     assert out[:REAL_GREEDY_EQUAL] == ref_tokens.tolist()[:REAL_GREEDY_EQUAL]  # transformers' greedy tokens

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.engine import keel_prompt_logits
 from support.smollm2 import needs_smollm2 as needs_model
 from torch import nn
 
@@ -56,18 +57,7 @@ def test_unknown_quantization_is_refused():
 
 def _perplexity(llm, ids: list[int]) -> float:
     """exp(mean next-token NLL) over `ids`, from one prefill with all-position logits."""
-    from keel.engine import SamplingParams
-    from keel.engine.sequence import Sequence
-
-    runner = llm.runner
-    if not runner.block_manager.can_allocate(len(ids) + 1):
-        runner.allocate_kv_cache(runner.block_manager.blocks_for(len(ids) + 1))
-    seq = Sequence(0, None, ids, SamplingParams(), max_len=len(ids) + 1)
-    seq.block_table = runner.block_manager.allocate(seq.max_len)
-    try:
-        logits = runner.step([seq], is_prefill=True, all_logits=True).float()
-    finally:
-        runner.block_manager.free(seq.block_table)
+    logits = keel_prompt_logits(llm, ids).float()
     nll = nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]))
     return math.exp(float(nll))
 
