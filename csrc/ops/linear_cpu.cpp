@@ -7,7 +7,8 @@
 //   AVX2 build: GCC vector extensions (ymm FMA; bf16 -> fp32 is a 16-bit shift); the baseline build
 //     gets the same code as SSE pairs.
 //   bf16 on a CPU with AVX512-BF16 (checked at run time): vdpbf16ps, 32 multiply-adds per instruction
-//     with no conversion (products exact, fp32 sums).
+//     with no conversion (products exact, fp32 sums); prompts (4+ rows) on 4 x 4 tiles (4 x rows,
+//     4 weight rows), decode (1-3 rows) one weight row at a time.
 #include <cstring>
 
 #include "ops/linear.h"
@@ -165,17 +166,88 @@ KEEL_AVX512BF16 inline void row_tile_bf16(const LinearParams& p, int64_t m0, int
   }
 }
 
-KEEL_AVX512BF16 void cols_bf16(const LinearParams& p, int64_t begin, int64_t end) {
-  for (int64_t r = begin; r < end; ++r) {
-    int64_t m0 = 0;
-    for (; m0 + 4 <= p.m; m0 += 4) row_tile_bf16<4, 2>(p, m0, r);
-    switch (p.m - m0) {
-      case 3: row_tile_bf16<3, 2>(p, m0, r); break;
-      case 2: row_tile_bf16<2, 4>(p, m0, r); break;
-      case 1: row_tile_bf16<1, 4>(p, m0, r); break;
-      default: break;
+// Prompts (4 or more x rows): MR x rows times NR weight rows, 32 columns a step, one accumulator per
+// output (MR * NR independent dpbf16 chains), so each step loads MR + NR vectors for MR * NR
+// dot-product steps instead of 1 + MR (1.5x - 2x faster than row_tile_bf16 at 32-64 rows). Every
+// element of such a call is summed in the same order whatever its tile (one fp32 accumulator over k,
+// masked tail, then the 16-lane sum), so how rows and output features are split does not change it.
+template <int MR, int NR>
+KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t r0) {
+  const int64_t k = p.k;
+  const uint16_t* x = static_cast<const uint16_t*>(p.x16) + m0 * k;
+  const uint16_t* w = static_cast<const uint16_t*>(p.w) + r0 * p.w_row;
+  constexpr int64_t ahead = kPrefetchBytes / 2;
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    __m512bh wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + j * p.w_row + i + ahead), _MM_HINT_T0);
+      wv[j] = (__m512bh)_mm512_loadu_si512(w + j * p.w_row + i);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * k + i);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
     }
   }
+  if (i < k) {  // tail: masked loads read zeros past k
+    const __mmask32 mask = (__mmask32{1} << (k - i)) - 1;
+    __m512bh wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + j * p.w_row + i);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * k + i);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv, wv[j]);
+    }
+  }
+  bf16_t* out = static_cast<bf16_t*>(p.out);
+  const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
+  for (int m = 0; m < MR; ++m) {
+    for (int j = 0; j < NR; ++j) {
+      float s = hsum16(acc[m][j]);
+      if (bias) s += load(bias + (r0 + j) * p.bias_stride);
+      store(out + (m0 + m) * p.n + r0 + j, s);
+    }
+  }
+}
+
+// The x rows of one weight-row group [r0, r0 + NR): 4 at a time, then the remainder.
+template <int NR>
+KEEL_AVX512BF16 KEEL_KINLINE void rows_bf16(const LinearParams& p, int64_t r0) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= p.m; m0 += 4) tile_bf16<4, NR>(p, m0, r0);
+  switch (p.m - m0) {
+    case 3: tile_bf16<3, NR>(p, m0, r0); break;
+    case 2: tile_bf16<2, NR>(p, m0, r0); break;
+    case 1: tile_bf16<1, NR>(p, m0, r0); break;
+    default: break;
+  }
+}
+
+KEEL_AVX512BF16 void cols_bf16(const LinearParams& p, int64_t begin, int64_t end) {
+  if (p.m < 4) {  // decode: one weight row at a time, one sequential stream, KU accumulators per x row
+    for (int64_t r = begin; r < end; ++r) {
+      switch (p.m) {
+        case 3: row_tile_bf16<3, 2>(p, 0, r); break;
+        case 2: row_tile_bf16<2, 4>(p, 0, r); break;
+        default: row_tile_bf16<1, 4>(p, 0, r); break;
+      }
+    }
+    return;
+  }
+  int64_t r = begin;
+  for (; r + 4 <= end; r += 4) rows_bf16<4>(p, r);  // 4 weight rows: 16 accumulators at 4 x rows
+  for (; r < end; ++r) rows_bf16<1>(p, r);
 }
 #endif  // __AVX2__
 
