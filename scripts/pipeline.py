@@ -174,10 +174,15 @@ def audit(env: Path, wheel: Path, target: str) -> tuple[str, str]:
 def torch_install_error(torch: str, python: str, pip_output: str, log: Path) -> PipelineError:
     """What pip said when torch==`torch` would not install, and what to do about it."""
     said = [ln for ln in pip_output.splitlines() if ln.startswith("ERROR")] or pip_output.splitlines()[-3:]
+    if "No space left on device" in pip_output:  # the release exists; the disk is full
+        todo = (f"free disk space where {ROOT} lies (each environment takes 5.5-7 GB; remove unused "
+                f".venv-pipe-* folders) and run again")
+    else:
+        todo = (f"see what the indexes offer with `PIP_CONSTRAINT=/dev/null {python} -m pip index versions torch`, "
+                f"then choose another --targets entry (or --pythons)")
     return PipelineError(
         f"torch=={torch} cannot be installed for Python {python_version(python)}: {' | '.join(said)[:600]}. "
-        f"See what the indexes offer with `PIP_CONSTRAINT=/dev/null {python} -m pip index versions torch`, "
-        f"then choose another --targets entry (or --pythons). Log: {log}")
+        f"{todo[0].upper()}{todo[1:]}. Log: {log}")
 
 
 def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: bool, tag: str) -> None:

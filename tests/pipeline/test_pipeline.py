@@ -88,6 +88,10 @@ def test_a_torch_pip_cannot_install_is_a_clear_error(tmp_path):
     err = pipeline.torch_install_error("2.99.0", sys.executable, proc.stdout, tmp_path / "log")
     assert re.search(r"torch==2\.99\.0 cannot be installed for Python \d\.\d+: ERROR: .*torch==2\.99\.0", str(err))
     assert "pip index versions torch" in str(err) and "--targets" in str(err)
+    # a full disk is not a missing release: the advice says to free space, not to pick another torch
+    full = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device\n"
+    err = pipeline.torch_install_error("2.9.1", sys.executable, full, tmp_path / "log")
+    assert "Free disk space" in str(err) and "--targets" not in str(err)
 
 
 def test_table_marks_different_tokens():
