@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -13,8 +12,6 @@ from .models import NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit
 from .policy import Policy
 from .table import CPythonTable, ShimTable, is_cpython_name
 from .versions import highest
-
-_GLIBC = re.compile(r"^(GLIBC|GLIBCXX|CXXABI|GCC)_(\d+(?:\.\d+)*)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,16 +26,6 @@ class Context:
     oldest_torch: str = "2.10"  # imports count as header-only only if they were so in this torch
     categories: dict[str, object] = field(default_factory=dict)  # undefined name -> category
     exported: dict[str, object] = field(default_factory=dict)  # defined name -> torch_use()
-
-
-def symbol_versions(info: ElfInfo) -> dict[str, str | None]:
-    """Highest GLIBC_, GLIBCXX_, CXXABI_ and GCC_ version the library needs (every needed file)."""
-    found: dict[str, list[str]] = {"GLIBC": [], "GLIBCXX": [], "CXXABI": [], "GCC": []}
-    for _file, name in info.version_needs:
-        m = _GLIBC.match(name)
-        if m:
-            found[m.group(1)].append(m.group(2))
-    return {k: highest(v) for k, v in found.items()}
 
 
 # what a C++ name involves of torch (memoised per audit in Context.exported)
@@ -121,7 +108,7 @@ def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list
     # the abi3 floor only means something when every CPython symbol is in the limited API
     py_floor = None if nonlimited else highest(sorted(set(limited.values())))
     abi3 = ".abi3." in path.rsplit("/", 1)[-1] or ctx.abi3_wheel
-    vers = symbol_versions(info)
+    vers = needs(info, loader=True).highest  # every needed file, the loader included
     machine = ctx.policy.machines.get(info.machine, info.machine)
     platform_needs = needs(info)
     manylinux_floor, excess = manylinux_table().floor(machine, platform_needs)
@@ -136,10 +123,10 @@ def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list
         floor_symbols=tuple(sorted(n for n, v in shims.items() if v == floor)),
         python_floor=py_floor,
         abi3=abi3,
-        glibc_max=vers["GLIBC"],
-        glibcxx_max=vers["GLIBCXX"],
-        cxxabi_max=vers["CXXABI"],
-        gcc_max=vers["GCC"],
+        glibc_max=vers.get("GLIBC"),
+        glibcxx_max=vers.get("GLIBCXX"),
+        cxxabi_max=vers.get("CXXABI"),
+        gcc_max=vers.get("GCC"),
         manylinux_floor=manylinux_floor,
         manylinux_excess=tuple(excess),
         named_versions=platform_needs.named,

@@ -11,12 +11,9 @@ from .manylinux import Needs, manylinux_table
 from .models import INVALID, Finding, LibraryAudit
 from .requirements import python_floor, torch_requirement
 from .versions import highest
+from .versions import key as _key
 
 _LEGACY_MANYLINUX = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
-
-
-def _key(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in v.split("."))
 
 
 def package_findings(

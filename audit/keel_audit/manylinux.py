@@ -19,17 +19,12 @@ from pathlib import Path
 
 from .elf import ElfInfo
 from .errors import TableError
+from .versions import highest, is_numeric
+from .versions import key as _key
 
 TABLE_FILE = Path(__file__).parent / "data" / "manylinux_policy.json"
 FAMILIES = ("GLIBC", "GLIBCXX", "CXXABI", "GCC")
 _VERSION = re.compile(r"^(GLIBC|GLIBCXX|CXXABI|GCC)_(.+)$")
-_NUMERIC = re.compile(r"^\d+(\.\d+)*$")
-
-Version = tuple[int, ...]
-
-
-def _key(version: str) -> Version:
-    return tuple(int(p) for p in version.split("."))
 
 
 def is_loader(soname: str) -> bool:
@@ -50,19 +45,20 @@ class Needs:
         return [f"{f}_{self.highest[f]}" for f in FAMILIES if f in self.highest] + list(self.named)
 
 
-def needs(info: ElfInfo) -> Needs:
-    """What one library needs of GLIBC_, GLIBCXX_, CXXABI_ and GCC_, from its version needs."""
+def needs(info: ElfInfo, *, loader: bool = False) -> Needs:
+    """What one library needs of GLIBC_, GLIBCXX_, CXXABI_ and GCC_, from its version needs; the
+    loader's needs count only with `loader` (the glibc_max fact), never for the manylinux floor."""
     found: dict[str, list[str]] = {}
     named: set[str] = set()
     for soname, name in info.version_needs:
         m = _VERSION.match(name)
-        if m is None or is_loader(soname):
+        if m is None or (is_loader(soname) and not loader):
             continue
-        if _NUMERIC.match(m.group(2)):
+        if is_numeric(m.group(2)):
             found.setdefault(m.group(1), []).append(m.group(2))
         else:
             named.add(name)
-    return Needs({f: max(v, key=_key) for f, v in found.items()}, tuple(sorted(named)))
+    return Needs({f: highest(v) for f, v in found.items()}, tuple(sorted(named)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import TableError
+from .versions import key as version_key
 
 DATA_DIR = Path(__file__).parent / "data"
 SHIM_TABLE = DATA_DIR / "torch_shim_symbols.json"
@@ -32,10 +33,10 @@ class ShimTable:
         torch release from `upto` on, when given: `c10::report_overflow` is header-only only since
         2.15, before that libc10 exports it)."""
         parts = path.split("::")
-        limit = tuple(int(p) for p in upto.split(".")) if upto else None
+        limit = version_key(upto) if upto else None
         for k in range(2, len(parts) + 1):
             since = self.header_only.get("::".join(parts[:k]))
-            if since is not None and (limit is None or tuple(int(p) for p in since.split(".")) <= limit):
+            if since is not None and (limit is None or version_key(since) <= limit):
                 return True
         return False
 

@@ -19,6 +19,16 @@ def parse(text: str, what: str = "version") -> Version:
     return tuple(int(p) for p in text.split("."))
 
 
+def key(text: str) -> Version:
+    """Sort key of a dotted numeric version string ("3.4.30" -> (3, 4, 30)); no checks (trusted input)."""
+    return tuple(int(p) for p in text.split("."))
+
+
+def is_numeric(text: str) -> bool:
+    """True for a dotted numeric version ("2.34"), False for a name like "TM_1" or "PRIVATE"."""
+    return _VERSION_RE.match(text) is not None
+
+
 def minor(v: Version) -> Version:
     """Truncate to (major, minor), padding with zero."""
     return (v + (0, 0))[:2]
@@ -31,4 +41,4 @@ def fmt(v: Version | None) -> str | None:
 
 def highest(values: list[str]) -> str | None:
     """The highest of several dotted version strings, or None for an empty list."""
-    return max(values, key=lambda s: tuple(int(p) for p in s.split("."))) if values else None
+    return max(values, key=key) if values else None
