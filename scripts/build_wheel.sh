@@ -6,6 +6,9 @@
 source "$(dirname "$0")/env.sh"
 VENV="${1:-$KEEL_ROOT/.venv}"
 keel_venv "$VENV" "${KEEL_BUILD_TORCH:-2.13.0}"
+# The real path: pip writes the interpreter path it was run with into console scripts (keel-audit's
+# shebang), and a path through a symlink (a checkout copy that links .venv in) dies with that copy.
+VENV="$(cd "$VENV" && pwd -P)"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q -r "$KEEL_ROOT/requirements-build.txt"
 # keel-audit (audit/, pure Python) gates the build: setup.py imports it, and it audits the wheel below.

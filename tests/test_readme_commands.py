@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,7 @@ COMMANDS = readme_commands()
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+def sandbox(tmp_path_factory) -> Iterator[tuple[Path, dict[str, str]]]:
     """A copy of the checkout (with the built wheel and .venv linked in) and the commands' environment."""
     work = tmp_path_factory.mktemp("readme")
     copy = work / "keel"
@@ -126,7 +127,12 @@ def sandbox(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     proc = subprocess.run([str(VENV_BIN / "keel"), "models", "fetch-demo", "--gguf", str(gguf)], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return copy, env
+    yield copy, env
+    # the commands ran through the copy's .venv link: what they installed must still name the real
+    # environment (a console script whose shebang names the copy dies with it)
+    stale = [p.name for p in VENV_BIN.iterdir() if p.is_file() and not p.is_symlink()
+             and p.read_bytes()[:2] == b"#!" and str(work).encode() in p.read_bytes().split(b"\n", 1)[0]]
+    assert not stale, f"console scripts of {VENV_BIN.parent} name the sandbox {work}: {stale}"
 
 
 def test_readme_shows_the_commands_this_test_knows():
