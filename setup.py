@@ -32,7 +32,9 @@ def torch_root() -> str:
     """The torch package directory of the building interpreter."""
     out = subprocess.run(
         [sys.executable, "-c", "import os, torch; print(os.path.dirname(torch.__file__))"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return out.stdout.strip()
 
@@ -50,8 +52,9 @@ def load_audit():
     try:
         import keel_audit
     except ImportError:
-        raise SystemExit("keel: building the wheel needs keel-audit for its release gate; "
-                         "install it first: pip install ./audit") from None
+        raise SystemExit(
+            "keel: building the wheel needs keel-audit for its release gate; install it first: pip install ./audit"
+        ) from None
     return keel_audit
 
 
@@ -64,7 +67,13 @@ class CMakeBuild(build_ext):
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         configure = [
-            tool("cmake"), "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+            tool("cmake"),
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build_dir),
+            "-G",
+            "Ninja",
             f"-DCMAKE_MAKE_PROGRAM={tool('ninja')}",
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
@@ -95,8 +104,10 @@ class AuditedWheel(bdist_wheel):
         result = audit.audit([str(p) for p in libs], target_torch=TORCH_TARGET, strict=True)
         print(result.render())
         if not result or not result.torch_floor:
-            raise SystemExit(f"keel: audit of {', '.join(p.name for p in libs)} failed "
-                             f"(target torch {TORCH_TARGET}); wheel not built")
+            raise SystemExit(
+                f"keel: audit of {', '.join(p.name for p in libs)} failed "
+                f"(target torch {TORCH_TARGET}); wheel not built"
+            )
         self.torch_requirement = f"torch>={result.torch_floor}"
         self.manylinux_floor = result.manylinux_floor  # the platform tag (get_tag) follows the audit
         super().run()
@@ -130,7 +141,8 @@ RUNTIME_REQUIRES = [
     "huggingface_hub>=0.23",
     "jinja2>=3.1",
     "tqdm",
-    "fastapi>=0.115", "uvicorn>=0.30",  # `keel serve`
+    "fastapi>=0.115",
+    "uvicorn>=0.30",  # `keel serve`
 ]
 
 setup(

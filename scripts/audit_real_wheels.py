@@ -86,8 +86,9 @@ def peer(tree: Path) -> tuple[dict[str, PeerLib], list[str]]:
             verdict = "NO-TORCH" if not t.get("uses_torch") else "STABLE" if t.get("stable") else "UNSTABLE"
             floor = t.get("min_torch_version")
             rel = str(Path(ext["path"]).resolve().relative_to(tree.resolve()))
-            out[rel] = PeerLib(verdict, ".".join(floor.split(".")[:2]) if floor else None,
-                               tuple(t.get("unstable_symbols") or ()))
+            out[rel] = PeerLib(
+                verdict, ".".join(floor.split(".")[:2]) if floor else None, tuple(t.get("unstable_symbols") or ())
+            )
     return out, errors
 
 
@@ -127,8 +128,9 @@ def compare(spec: str, cache: Path) -> tuple[list[list[str]], list[str]]:
         peer_cell = f"{other.verdict} {other.floor or '-'}" if other else "-"
         if mine != peer_cell:
             rows.append([spec, path, mine, peer_cell, _reason(lib, other, result)])
-    peer_floor = max((p.floor for p in theirs.values() if p.floor), key=lambda v: tuple(map(int, v.split("."))),
-                     default=None)
+    peer_floor = max(
+        (p.floor for p in theirs.values() if p.floor), key=lambda v: tuple(map(int, v.split("."))), default=None
+    )
     used = [lib for lib in result.libraries if lib.verdict != "NO-TORCH"]
     stable = sum(lib.verdict == "STABLE" for lib in used)
     summary = (
@@ -171,13 +173,19 @@ def timing(spec: str, cache: Path, rounds: int) -> str:
             cpu[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     med = {k: statistics.median(v) for k, v in times.items()}
     mcpu = {k: statistics.median(v) for k, v in cpu.items()}
-    lines = [f"{spec}: median of {rounds} alternating rounds (fresh processes, process start included); "
-             f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"]
-    lines += [f"  {k}: wall {med[k]:.2f} s (runs {', '.join(f'{t:.2f}' for t in times[k])}), "
-              f"cpu {mcpu[k]:.2f} s" for k in commands]
-    lines.append(f"  wall: peer tree / keel tree = {med['peer tree'] / med['keel tree']:.2f}x, "
-                 f"peer tree / keel .whl = {med['peer tree'] / med['keel .whl']:.2f}x; "
-                 f"cpu: peer tree / keel tree = {mcpu['peer tree'] / mcpu['keel tree']:.2f}x")
+    lines = [
+        f"{spec}: median of {rounds} alternating rounds (fresh processes, process start included); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    ]
+    lines += [
+        f"  {k}: wall {med[k]:.2f} s (runs {', '.join(f'{t:.2f}' for t in times[k])}), cpu {mcpu[k]:.2f} s"
+        for k in commands
+    ]
+    lines.append(
+        f"  wall: peer tree / keel tree = {med['peer tree'] / med['keel tree']:.2f}x, "
+        f"peer tree / keel .whl = {med['peer tree'] / med['keel .whl']:.2f}x; "
+        f"cpu: peer tree / keel tree = {mcpu['peer tree'] / mcpu['keel tree']:.2f}x"
+    )
     return "\n".join(lines)
 
 

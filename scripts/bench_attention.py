@@ -128,8 +128,10 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     repeats = 3 if args.quick else args.repeats
     contexts = [256, 1024] if args.quick else [256, 1024, 4096]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, vendored CPU build: {cpu_isa()}, "
-          f"dtype {DTYPE}, block size {BLOCK}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, vendored CPU build: {cpu_isa()}, "
+        f"dtype {DTYPE}, block size {BLOCK}"
+    )
     print("\n## decode (ms per call, best of the repeats; ratio = peer time / vendored time)")
     print("| shape | batch | context | vendored | gather+SDPA | SDPA contiguous | vs gather | vs SDPA |")
     print("|---|---|---|---|---|---|---|---|")
@@ -140,16 +142,20 @@ def main() -> None:
                 inner = max(1, 64 // (batch * ctx // 256))
                 t = timed(fns, repeats, inner)
                 vend, gath, sdpa = t["vendored"], t["gather"], t["sdpa"]
-                print(f"| {shape.name} | {batch} | {ctx} | {vend * 1e3:.3f} | {gath * 1e3:.3f} | {sdpa * 1e3:.3f} | "
-                      f"{gath / vend:.2f}x | {sdpa / vend:.2f}x |")
+                print(
+                    f"| {shape.name} | {batch} | {ctx} | {vend * 1e3:.3f} | {gath * 1e3:.3f} | {sdpa * 1e3:.3f} | "
+                    f"{gath / vend:.2f}x | {sdpa / vend:.2f}x |"
+                )
     print("\n## prefill, causal, ragged batch (ms per call)")
     print("| shape | sequence lengths | vendored varlen | SDPA per sequence | ratio |")
     print("|---|---|---|---|---|")
     for shape in SHAPES:
         for lens in ([128, 256, 64], [512, 1024]) if not args.quick else ([128, 256, 64],):
             t = timed(prefill_case(shape, lens, gen), repeats, 1)
-            print(f"| {shape.name} | {lens} | {t['vendored'] * 1e3:.2f} | {t['sdpa_loop'] * 1e3:.2f} | "
-                  f"{t['sdpa_loop'] / t['vendored']:.2f}x |")
+            print(
+                f"| {shape.name} | {lens} | {t['vendored'] * 1e3:.2f} | {t['sdpa_loop'] * 1e3:.2f} | "
+                f"{t['sdpa_loop'] / t['vendored']:.2f}x |"
+            )
 
 
 if __name__ == "__main__":

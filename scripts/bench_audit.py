@@ -69,9 +69,7 @@ def synthetic_wheel(work: Path, base: Path, size_mb: int, files: int) -> tuple[P
             name = f"synth/_ext{i}.abi3.so" if i % 10 else f"synth.libs/libdep{i}.so.1"
             target = tree / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                ["objcopy", "--add-section", f".payload={blob}", str(base), str(target)], check=True
-            )
+            subprocess.run(["objcopy", "--add-section", f".payload={blob}", str(base), str(target)], check=True)
             zf.write(target, name)
         zf.writestr("synth-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nTag: cp310-abi3-linux_x86_64\n")
         zf.writestr("synth-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: synth\nVersion: 0.1\n")
@@ -143,8 +141,7 @@ def main() -> int:
             )
         )
     print(
-        "\n| input | size | keel (.whl) | keel (tree) | torch-abi-audit (tree) "
-        "| peer / keel-tree | peer / keel-whl |"
+        "\n| input | size | keel (.whl) | keel (tree) | torch-abi-audit (tree) | peer / keel-tree | peer / keel-whl |"
     )
     print("|---|---|---|---|---|---|---|")
     for name, size, whl, tree_t, peer_t in rows:

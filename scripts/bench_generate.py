@@ -213,30 +213,34 @@ def main() -> None:
         return
     results = {}
     for engine in args.engines:
-        cmd = [
-            sys.executable,
-            __file__,
-            "--_worker",
-            engine,
-            "--model",
-            args.model,
-            "--dtype",
-            args.dtype,
-            "--device",
-            args.device,
-            "--quantization",
-            args.quantization,
-            "--prompt-len",
-            str(args.prompt_len),
-            "--new-tokens",
-            str(args.new_tokens),
-            "--repeats",
-            str(args.repeats),
-            "--batch-sizes",
-            *map(str, args.batch_sizes),
-            "--threads",
-            str(args.threads),
-        ] + (["--profile"] if args.profile else []) + (["--cpu-time"] if args.cpu_time else [])
+        cmd = (
+            [
+                sys.executable,
+                __file__,
+                "--_worker",
+                engine,
+                "--model",
+                args.model,
+                "--dtype",
+                args.dtype,
+                "--device",
+                args.device,
+                "--quantization",
+                args.quantization,
+                "--prompt-len",
+                str(args.prompt_len),
+                "--new-tokens",
+                str(args.new_tokens),
+                "--repeats",
+                str(args.repeats),
+                "--batch-sizes",
+                *map(str, args.batch_sizes),
+                "--threads",
+                str(args.threads),
+            ]
+            + (["--profile"] if args.profile else [])
+            + (["--cpu-time"] if args.cpu_time else [])
+        )
         cmd += ["--keel-path", str(args.keel_path)] if args.keel_path else []
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
         results[engine] = json.loads(proc.stdout.strip().splitlines()[-1])

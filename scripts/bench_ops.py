@@ -83,10 +83,18 @@ def overhead_rows(device: str, inner: int, repeats: int) -> list[tuple[str, str,
     cases = [
         ("fused_muladd", lambda: ops.fused_muladd(a, b, 0.5), "torch.addcmul", lambda: torch.addcmul(c, a, b)),
         ("rms_norm", lambda: ops.rms_norm(x, w, 1e-6), "F.rms_norm", lambda: F.rms_norm(x, (8,), w, 1e-6)),
-        ("fused_add_rms_norm", lambda: ops.fused_add_rms_norm(x, res, w, 1e-6),
-         "add_ + F.rms_norm", lambda: F.rms_norm(res.add_(x), (8,), w, 1e-6)),
-        ("rotary_embedding", lambda: ops.rotary_embedding(pos, q, k, 8, cache, True),
-         "rotate_half composite", lambda: torch_rope(pos, q, k, 8, cache)),
+        (
+            "fused_add_rms_norm",
+            lambda: ops.fused_add_rms_norm(x, res, w, 1e-6),
+            "add_ + F.rms_norm",
+            lambda: F.rms_norm(res.add_(x), (8,), w, 1e-6),
+        ),
+        (
+            "rotary_embedding",
+            lambda: ops.rotary_embedding(pos, q, k, 8, cache, True),
+            "rotate_half composite",
+            lambda: torch_rope(pos, q, k, 8, cache),
+        ),
         ("silu_and_mul", lambda: ops.silu_and_mul(gu), "F.silu(g) * u", lambda: F.silu(gu[:, :8]) * gu[:, 8:]),
     ]
     rows = []
@@ -147,30 +155,74 @@ def build_twin(out_dir: Path) -> Path:
     from torch.utils import cpp_extension
 
     csrc = ROOT / "csrc"
-    kernel_flags = ["-O3", "-fPIC", "-std=c++17", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno",
-                    "-fvisibility=hidden", f"-I{csrc}"]
+    kernel_flags = [
+        "-O3",
+        "-fPIC",
+        "-std=c++17",
+        "-fopenmp-simd",
+        "-fno-trapping-math",
+        "-fno-math-errno",
+        "-fvisibility=hidden",
+        f"-I{csrc}",
+    ]
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch.compiled_with_cxx11_abi())}"
     objs = []
     jobs = []
     for isa, extra in (("base", []), ("avx2", ["-mavx2", "-mfma", "-mf16c"])):
         for k in ("fused_muladd", "rms_norm"):
             obj = out_dir / f"{k}_{isa}.o"
-            jobs.append(["g++", *kernel_flags, *extra, f"-DKEEL_CPU_NS=cpu_{isa}", "-c",
-                         str(csrc / "ops" / f"{k}_cpu.cpp"), "-o", str(obj)])
+            jobs.append(
+                [
+                    "g++",
+                    *kernel_flags,
+                    *extra,
+                    f"-DKEEL_CPU_NS=cpu_{isa}",
+                    "-c",
+                    str(csrc / "ops" / f"{k}_cpu.cpp"),
+                    "-o",
+                    str(obj),
+                ]
+            )
             objs.append(obj)
     objs.append(out_dir / "cpu_isa.o")
     jobs.append(["g++", *kernel_flags, "-c", str(csrc / "ops" / "cpu_isa.cpp"), "-o", str(objs[-1])])
     objs.append(out_dir / "twin.o")
     inc = [f"-I{p}" for p in cpp_extension.include_paths()]
-    jobs.append(["g++", "-O3", "-fPIC", "-std=c++17", abi, f"-I{csrc}", *inc, "-c",
-                 str(ROOT / "scripts" / "bench_ops_twin.cpp"), "-o", str(objs[-1])])
+    jobs.append(
+        [
+            "g++",
+            "-O3",
+            "-fPIC",
+            "-std=c++17",
+            abi,
+            f"-I{csrc}",
+            *inc,
+            "-c",
+            str(ROOT / "scripts" / "bench_ops_twin.cpp"),
+            "-o",
+            str(objs[-1]),
+        ]
+    )
     procs = [subprocess.Popen(j) for j in jobs]
     if any(p.wait() for p in procs):
         raise RuntimeError("building the unstable twin failed (see the compiler output above)")
     lib = cpp_extension.library_paths()[0]
     so = out_dir / "keel_twin.so"
-    subprocess.run(["g++", "-shared", "-o", str(so), *map(str, objs), f"-L{lib}", "-ltorch", "-ltorch_cpu",
-                    "-lc10", f"-Wl,-rpath,{lib}"], check=True)
+    subprocess.run(
+        [
+            "g++",
+            "-shared",
+            "-o",
+            str(so),
+            *map(str, objs),
+            f"-L{lib}",
+            "-ltorch",
+            "-ltorch_cpu",
+            "-lc10",
+            f"-Wl,-rpath,{lib}",
+        ],
+        check=True,
+    )
     return so
 
 
@@ -185,8 +237,12 @@ def twin_rows(inner: int, repeats: int, rounds: int = 5) -> list[tuple[str, floa
         # both below autograd: keel's op has a Python autograd formula, the twin none
         ("fused_muladd (inference_mode)", lambda: keel_fm(a, b, 0.5), lambda: twin_fm(a, b, 0.5), True),
         ("rms_norm", lambda: keel_rn(x, w, 1e-6), lambda: twin_rn(x, w, 1e-6), False),
-        ("keel.ops.fused_muladd wrapper vs twin", lambda: ops.fused_muladd(a, b, 0.5), lambda: twin_fm(a, b, 0.5),
-         False),
+        (
+            "keel.ops.fused_muladd wrapper vs twin",
+            lambda: ops.fused_muladd(a, b, 0.5),
+            lambda: twin_fm(a, b, 0.5),
+            False,
+        ),
     ]
     rows = []
     for name, kfn, tfn, inference in cases:
@@ -217,8 +273,10 @@ def main() -> None:
     args = ap.parse_args()
     inner, repeats = (200, 5) if args.quick else (2000, 15)
     n = (1 << 22) if args.quick else (1 << 24)
-    print(f"keel {keel.__version__} | torch {torch.__version__} | device {args.device} | "
-          f"threads {torch.get_num_threads()} | libs {sorted(keel._native.loaded_libraries())}\n")
+    print(
+        f"keel {keel.__version__} | torch {torch.__version__} | device {args.device} | "
+        f"threads {torch.get_num_threads()} | libs {sorted(keel._native.loaded_libraries())}\n"
+    )
     if args.twin_only:
         print_twin(inner, repeats)
         return

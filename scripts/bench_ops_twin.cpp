@@ -16,11 +16,16 @@ using keel::DType;
 
 DType float_dtype(const char* op, const char* arg, const at::Tensor& t) {
   switch (t.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kHalf: return DType::kFloat16;
-    case at::kDouble: return DType::kFloat64;
-    default: TORCH_CHECK(false, op, ": ", arg, " must be float32, bfloat16 or float16, got ", t.scalar_type());
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kDouble:
+      return DType::kFloat64;
+    default:
+      TORCH_CHECK(false, op, ": ", arg, " must be float32, bfloat16 or float16, got ", t.scalar_type());
   }
 }
 

@@ -43,8 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_generate import prompts_for  # noqa: E402  (the same prompts as the generate benchmark)
 
-WORDS = ("cache block token prompt batch decode prefill server client stream kernel wheel torch stable "
-         "engine request latency throughput attention layer model").split()
+WORDS = (
+    "cache block token prompt batch decode prefill server client stream kernel wheel torch stable "
+    "engine request latency throughput attention layer model"
+).split()
 
 
 @dataclass
@@ -70,8 +72,10 @@ async def stream(port: int, path: str, body: dict) -> Timing:
     A minimal HTTP/1.1 + SSE reader, so the client costs the shared CPUs as little as possible."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     t = Timing(time.perf_counter())
     writer.write(head + data)
     status = await reader.readline()
@@ -110,8 +114,23 @@ def start_server(args: argparse.Namespace, *extra: str) -> tuple[subprocess.Pope
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "keel.cli", "serve", "--model", args.model, "--dtype", args.dtype,
-           "--served-model-name", "m", "--port", str(port), "--log-level", "warning", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "keel.cli",
+        "serve",
+        "--model",
+        args.model,
+        "--dtype",
+        args.dtype,
+        "--served-model-name",
+        "m",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env={**os.environ, "HF_HUB_OFFLINE": "1"})
     deadline = time.monotonic() + 600
     while True:
@@ -156,8 +175,12 @@ def server_run(port: int, prompts: list[list[int]], new_tokens: int, pid: int | 
     tokens = sum(t.usage["completion_tokens"] for t in timings)
     assert tokens == len(prompts) * new_tokens, tokens
     gaps = [g for t in timings for g in t.gaps()]
-    return {"tok_s": tokens / wall, "ttft": [t.ttft_s for t in timings], "itl": gaps,
-            "cpu_per_ktok": 1e3 * cpu / tokens}
+    return {
+        "tok_s": tokens / wall,
+        "ttft": [t.ttft_s for t in timings],
+        "itl": gaps,
+        "cpu_per_ktok": 1e3 * cpu / tokens,
+    }
 
 
 def offline_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
@@ -173,8 +196,10 @@ def offline_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
 def conversation(seed: int, tokens: int) -> list[dict]:
     rng = random.Random(seed)
     words = " ".join(rng.choice(WORDS) for _ in range(tokens))  # about one token per word
-    return [{"role": "system", "content": f"You are a helpful assistant. Notes {seed}: {words}"},
-            {"role": "user", "content": "Summarise the notes in one sentence."}]
+    return [
+        {"role": "system", "content": f"You are a helpful assistant. Notes {seed}: {words}"},
+        {"role": "user", "content": "Summarise the notes in one sentence."},
+    ]
 
 
 def second_turn_ttft(port: int, seed: int, chat_tokens: int) -> tuple[float, int, int]:
@@ -184,8 +209,7 @@ def second_turn_ttft(port: int, seed: int, chat_tokens: int) -> tuple[float, int
         msgs = conversation(seed, chat_tokens)
         body = {"model": "m", "max_tokens": 16, "temperature": 0}
         first = await stream(port, "/v1/chat/completions", {**body, "messages": msgs})
-        msgs = msgs + [{"role": "assistant", "content": first.text},
-                       {"role": "user", "content": "And in three words?"}]
+        msgs = msgs + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And in three words?"}]
         t = await stream(port, "/v1/chat/completions", {**body, "max_tokens": 4, "messages": msgs})
         usage = t.usage or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
@@ -212,9 +236,12 @@ def main() -> None:
         args.model = DEFAULT_MODEL
     import torch
 
-    print(f"model {args.model}, dtype {args.dtype}, prompt {args.prompt_len} tokens, {args.new_tokens} new "
-          f"tokens (ignore_eos), torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}", flush=True)
+    print(
+        f"model {args.model}, dtype {args.dtype}, prompt {args.prompt_len} tokens, {args.new_tokens} new "
+        f"tokens (ignore_eos), torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}",
+        flush=True,
+    )
     if not args.skip_throughput:
         from keel.engine import LLM, SamplingParams
 
@@ -233,20 +260,27 @@ def main() -> None:
                     srv = server_run(port, prompts, args.new_tokens, proc.pid)
                     best_off = off if best_off is None or off["tok_s"] > best_off["tok_s"] else best_off
                     best_srv = srv if best_srv is None or srv["tok_s"] > best_srv["tok_s"] else best_srv
-                    print(f"  clients {n}: offline {off['tok_s']:.1f} tok/s ({off['cpu_per_ktok']:.2f} CPU s per 1k "
-                          f"tokens), server {srv['tok_s']:.1f} tok/s ({srv['cpu_per_ktok']:.2f})", flush=True)
+                    print(
+                        f"  clients {n}: offline {off['tok_s']:.1f} tok/s ({off['cpu_per_ktok']:.2f} CPU s per 1k "
+                        f"tokens), server {srv['tok_s']:.1f} tok/s ({srv['cpu_per_ktok']:.2f})",
+                        flush=True,
+                    )
                 rows.append((n, best_off, best_srv))
         finally:
             stop_server(proc)
-        print("\n| clients | offline tok/s | server tok/s | server / offline | CPU s / 1k tok offline | server "
-              "| TTFT p50 ms | TTFT p99 ms | offline TTFT p50 ms | ITL p50 ms | ITL p99 ms |")
+        print(
+            "\n| clients | offline tok/s | server tok/s | server / offline | CPU s / 1k tok offline | server "
+            "| TTFT p50 ms | TTFT p99 ms | offline TTFT p50 ms | ITL p50 ms | ITL p99 ms |"
+        )
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for n, off, srv in rows:
-            print(f"| {n} | {off['tok_s']:.1f} | {srv['tok_s']:.1f} | {srv['tok_s'] / off['tok_s']:.2f} "
-                  f"| {off['cpu_per_ktok']:.2f} | {srv['cpu_per_ktok']:.2f} "
-                  f"| {1e3 * pct(srv['ttft'], 0.5):.0f} | {1e3 * pct(srv['ttft'], 0.99):.0f} "
-                  f"| {1e3 * pct(off['ttft'], 0.5):.0f} | {1e3 * pct(srv['itl'], 0.5):.1f} "
-                  f"| {1e3 * pct(srv['itl'], 0.99):.1f} |")
+            print(
+                f"| {n} | {off['tok_s']:.1f} | {srv['tok_s']:.1f} | {srv['tok_s'] / off['tok_s']:.2f} "
+                f"| {off['cpu_per_ktok']:.2f} | {srv['cpu_per_ktok']:.2f} "
+                f"| {1e3 * pct(srv['ttft'], 0.5):.0f} | {1e3 * pct(srv['ttft'], 0.99):.0f} "
+                f"| {1e3 * pct(off['ttft'], 0.5):.0f} | {1e3 * pct(srv['itl'], 0.5):.1f} "
+                f"| {1e3 * pct(srv['itl'], 0.99):.1f} |"
+            )
         del llm
     if not args.skip_prefix:
         results = {}

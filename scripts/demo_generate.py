@@ -60,17 +60,32 @@ def main() -> None:
     decode_s = out.total_s - out.ttft_s
     tok_s = (len(out.token_ids) - 1) / decode_s if decode_s > 0 else float("nan")
     libraries = mapped_keel_libraries(package_dir)
-    print(f"torch {torch.__version__} | python {platform.python_version()} | model {args.model} ({llm.dtype}) | "
-          f"load {load_s:.1f}s | {len(out.token_ids)} tokens, ttft {out.ttft_s * 1e3:.0f} ms, decode {tok_s:.1f} tok/s")
+    print(
+        f"torch {torch.__version__} | python {platform.python_version()} | model {args.model} ({llm.dtype}) | "
+        f"load {load_s:.1f}s | {len(out.token_ids)} tokens, ttft {out.ttft_s * 1e3:.0f} ms, decode {tok_s:.1f} tok/s"
+    )
     print(f"user: {args.prompt}\nkeel: {out.text}")
     for rel, digest in libraries.items():
         print(f"  mapped {package_dir / rel}  sha256:{digest[:16]}")
-    Path(args.out).write_text(json.dumps({
-        "torch": torch.__version__, "torch_cuda": torch.version.cuda, "python": platform.python_version(),
-        "keel_dir": str(package_dir), "model": args.model, "dtype": str(llm.dtype), "prompt": args.prompt,
-        "token_ids": out.token_ids, "text": out.text, "ttft_s": out.ttft_s, "decode_tok_s": tok_s,
-        "mapped_libraries": libraries,
-    }, indent=1))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "torch": torch.__version__,
+                "torch_cuda": torch.version.cuda,
+                "python": platform.python_version(),
+                "keel_dir": str(package_dir),
+                "model": args.model,
+                "dtype": str(llm.dtype),
+                "prompt": args.prompt,
+                "token_ids": out.token_ids,
+                "text": out.text,
+                "ttft_s": out.ttft_s,
+                "decode_tok_s": tok_s,
+                "mapped_libraries": libraries,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

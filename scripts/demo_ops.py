@@ -28,8 +28,10 @@ def main() -> None:
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     g = torch.Generator().manual_seed(0)
     t, hidden, heads, kv, hs = 37, 576, 9, 3, 64  # SmolLM2-135M shapes, a 37-token prompt
-    print("\n| op | device | dtype | output | max abs diff vs torch | relative to max abs of torch's |\n"
-          "|---|---|---|---|---:|---:|")
+    print(
+        "\n| op | device | dtype | output | max abs diff vs torch | relative to max abs of torch's |\n"
+        "|---|---|---|---|---:|---:|"
+    )
     for device in devices:
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(t, hidden, generator=g).to(device, dtype)
@@ -53,7 +55,7 @@ def main() -> None:
             ops.rotary_embedding(pos, q, k, hs, cache, True)
             c, s = cache[pos].chunk(2, -1)
             c, s = torch.cat([c, c], -1)[:, None], torch.cat([s, s], -1)[:, None]
-            want_q = q0 * c + torch.cat([-q0[..., hs // 2:], q0[..., : hs // 2]], -1) * s
+            want_q = q0 * c + torch.cat([-q0[..., hs // 2 :], q0[..., : hs // 2]], -1) * s
             rows.append(("rotary_embedding (q)", q, want_q.flatten(1)))
             gu = torch.randn(t, 2 * 1536, generator=g).to(device, dtype)
             rows.append(("silu_and_mul", ops.silu_and_mul(gu), F.silu(gu[:, :1536].float()) * gu[:, 1536:].float()))
@@ -82,7 +84,7 @@ def vendored_rows(g: torch.Generator, device: str, dtype: torch.dtype) -> list[t
     out = fa.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
     want = []
     for lo, n in zip((0, 37), lens, strict=True):
-        qs, ks, vs = (t[lo:lo + n].float().transpose(0, 1) for t in (q, k, v))
+        qs, ks, vs = (t[lo : lo + n].float().transpose(0, 1) for t in (q, k, v))
         want.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True).transpose(0, 1))
     rows.append(("flash_attn.flash_attn_varlen_func", out, torch.cat(want)))
     return rows

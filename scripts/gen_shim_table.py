@@ -45,8 +45,10 @@ _REEXPORT = re.compile(r"\busing\s+(c10::[\w:]+)")
 _NS_OPEN = re.compile(r"^\s*namespace\s*([\w:]*)\s*\{")
 _NOT_NAMES = frozenset({"operator", "if", "return", "float", "double", "int", "bool", "char", "void", "half"})
 _HIDDEN_NS = re.compile(r"HIDDEN_NAMESPACE_BEGIN\(([^)]*)\)")
-_TYPE = re.compile(r"^\s*(?:template\s*<.*>\s*)?(?:struct|class|union|enum(?:\s+class)?)\s+"
-                   r"(?:alignas\(\w+\)\s+)?(?:C10_\w+\s+)*(\w+)\s*(?:[:{]|$|final)")
+_TYPE = re.compile(
+    r"^\s*(?:template\s*<.*>\s*)?(?:struct|class|union|enum(?:\s+class)?)\s+"
+    r"(?:alignas\(\w+\)\s+)?(?:C10_\w+\s+)*(\w+)\s*(?:[:{]|$|final)"
+)
 _FUNC = re.compile(r"^\s*(?:C10_\w+\s+)*(?:inline|constexpr|static)\b[^;(=]*?\b(\w+)\s*\(")
 _ALIAS = re.compile(r"^\s*using\s+(\w+)\s*=")
 
@@ -69,8 +71,10 @@ class TorchRelease:
 
     def glob(self, pattern: str) -> Iterator[str]:
         """Files (relative to torch/) matching a glob; `*` also crosses directories."""
-        names = self.names if self.zip is not None else (
-            str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file()
+        names = (
+            self.names
+            if self.zip is not None
+            else (str(p.relative_to(self.path)) for p in self.path.rglob("*") if p.is_file())
         )
         return iter(sorted(n for n in names if fnmatch.fnmatch(n, pattern)))
 
@@ -236,11 +240,14 @@ def merge(scans: list[dict]) -> dict:
             entry["sources"].append(f"header@{version}")
             if "since" not in entry:
                 entry["since"] = guard  # declared, not (yet) exported: the guard is all there is
-            if name not in scan["exported"] and not name.startswith(("aoti_torch_mps", "aoti_torch_xpu")) and (
-                scan["has_cuda"] or "cuda" not in name
+            if (
+                name not in scan["exported"]
+                and not name.startswith(("aoti_torch_mps", "aoti_torch_xpu"))
+                and (scan["has_cuda"] or "cuda" not in name)
             ):
-                note(name, version, "declared-not-exported",
-                     "in the headers, not exported by libtorch_cpu/libtorch_cuda")
+                note(
+                    name, version, "declared-not-exported", "in the headers, not exported by libtorch_cpu/libtorch_cuda"
+                )
     for entry in symbols.values():
         entry.pop("exported", None)
     header_only: dict[str, str] = {}
@@ -280,7 +287,11 @@ def cpython_table() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--torch", nargs="+", action="extend", type=Path, required=True,
+        "--torch",
+        nargs="+",
+        action="extend",
+        type=Path,
+        required=True,
         help="torch package directories or torch wheels",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "audit/keel_audit/data/torch_shim_symbols.json")

@@ -79,8 +79,9 @@ def log_path(name: str) -> Path:
     return LOGS / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.log"
 
 
-def run(cmd: list[str], log: str, *, cwd: Path = ROOT, env: dict[str, str] | None = None,
-        check: bool = True) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: list[str], log: str, *, cwd: Path = ROOT, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run `cmd` with its output in the log `log`; on failure raise with the log's last lines."""
     full_env = {**os.environ, **PIP_ENV, **(env or {})}
     path = log_path(log)
@@ -110,13 +111,15 @@ def resolve_python(spec: str) -> str:
 
 
 def python_version(exe: str) -> str:
-    return subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def installed_torch(env: Path) -> str | None:
-    proc = subprocess.run([str(env / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(env / "bin" / "python"), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    )
     return proc.stdout.strip().split("+")[0] if proc.returncode == 0 else None
 
 
@@ -141,8 +144,11 @@ def wheel_facts(wheel: Path) -> tuple[dict[str, str], list[str]]:
 def build(torch_a: str, build_env: Path, build_python: str) -> Path:
     """scripts/build_wheel.sh in the build environment (its own audit gate stops on a finding)."""
     print(f"### build the wheel against torch {torch_a} in {build_env.name} (log: {log_path('build')})", flush=True)
-    run(["bash", str(ROOT / "scripts" / "build_wheel.sh"), str(build_env)], "build",
-        env={"KEEL_BUILD_TORCH": torch_a, "PYTHON": build_python})
+    run(
+        ["bash", str(ROOT / "scripts" / "build_wheel.sh"), str(build_env)],
+        "build",
+        env={"KEEL_BUILD_TORCH": torch_a, "PYTHON": build_python},
+    )
     wheels = sorted((ROOT / "dist").glob("keel-*.whl"))
     if len(wheels) != 1:
         raise PipelineError(f"pipeline: expected one wheel in dist/, found {[w.name for w in wheels]}")
@@ -159,10 +165,13 @@ def check_build_tree(libs: dict[str, str]) -> None:
 
 def audit(env: Path, wheel: Path, target: str) -> tuple[str, str]:
     """`keel audit --json` of the wheel (strict): (verdict, torch floor); a failing gate stops the run."""
-    proc = run([str(env / "bin" / "keel"), "audit", str(wheel), "--target-torch", target, "--strict",
-                "--json"], "audit", check=False)
+    proc = run(
+        [str(env / "bin" / "keel"), "audit", str(wheel), "--target-torch", target, "--strict", "--json"],
+        "audit",
+        check=False,
+    )
     try:
-        doc = json.loads(proc.stdout[proc.stdout.index("{"):])
+        doc = json.loads(proc.stdout[proc.stdout.index("{") :])
     except ValueError as exc:
         raise PipelineError(f"pipeline: keel audit gave no JSON (log: {log_path('audit')})") from exc
     if proc.returncode != 0 or not doc.get("passed"):
@@ -175,14 +184,19 @@ def torch_install_error(torch: str, python: str, pip_output: str, log: Path) -> 
     """What pip said when torch==`torch` would not install, and what to do about it."""
     said = [ln for ln in pip_output.splitlines() if ln.startswith("ERROR")] or pip_output.splitlines()[-3:]
     if "No space left on device" in pip_output:  # the release exists; the disk is full
-        todo = (f"free disk space where {ROOT} lies (each environment takes 5.5-7 GB; remove unused "
-                f".venv-pipe-* folders) and run again")
+        todo = (
+            f"free disk space where {ROOT} lies (each environment takes 5.5-7 GB; remove unused "
+            f".venv-pipe-* folders) and run again"
+        )
     else:
-        todo = (f"see what the indexes offer with `PIP_CONSTRAINT=/dev/null {python} -m pip index versions torch`, "
-                f"then choose another --targets entry (or --pythons)")
+        todo = (
+            f"see what the indexes offer with `PIP_CONSTRAINT=/dev/null {python} -m pip index versions torch`, "
+            f"then choose another --targets entry (or --pythons)"
+        )
     return PipelineError(
         f"torch=={torch} cannot be installed for Python {python_version(python)}: {' | '.join(said)[:600]}. "
-        f"{todo[0].upper()}{todo[1:]}. Log: {log}")
+        f"{todo[0].upper()}{todo[1:]}. Log: {log}"
+    )
 
 
 def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: bool, tag: str) -> None:
@@ -193,8 +207,11 @@ def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: 
         run([python, "-m", "venv", str(env)], f"{tag}-venv")
     if installed_torch(env) != torch:
         print(f"  installing torch=={torch} into {env.name} (PyPI builds of some releases are several GB)", flush=True)
-        proc = run([str(env / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", f"torch=={torch}"],
-                   f"{tag}-torch", check=False)
+        proc = run(
+            [str(env / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", f"torch=={torch}"],
+            f"{tag}-torch",
+            check=False,
+        )
         if proc.returncode != 0:
             raise torch_install_error(torch, python, proc.stdout, log_path(f"{tag}-torch"))
     install_requirements(env, requires, tag)
@@ -207,18 +224,24 @@ def install_requirements(env: Path, requires: list[str], tag: str) -> None:
 
 def install_wheel(env: Path, wheel: Path, torch: str, tag: str) -> None:
     """The one wheel file, without touching the environment's torch (checked afterwards)."""
-    run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)],
-        f"{tag}-wheel")
+    run(
+        [str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", str(wheel)],
+        f"{tag}-wheel",
+    )
     if installed_torch(env) != torch:
-        raise PipelineError(f"pipeline: {env.name} has torch {installed_torch(env)} after installing the wheel, "
-                            f"not {torch}")
+        raise PipelineError(
+            f"pipeline: {env.name} has torch {installed_torch(env)} after installing the wheel, not {torch}"
+        )
 
 
 def op_tests(env: Path, tag: str) -> tuple[bool, str]:
     """The checkout's op tests against the installed wheel: (all passed, 'N passed, M skipped')."""
     junit = LOGS / f"{tag}-junit.xml"
-    proc = run([str(env / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *OP_TESTS],
-               f"{tag}-optests", check=False)
+    proc = run(
+        [str(env / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *OP_TESTS],
+        f"{tag}-optests",
+        check=False,
+    )
     if not junit.exists():
         return False, f"pytest exited {proc.returncode} (log: {log_path(tag + '-optests')})"
     suite = ET.parse(junit).getroot()
@@ -235,8 +258,18 @@ def probe(env: Path, tag: str, max_tokens: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     out = work / "probe.json"
     out.unlink(missing_ok=True)
-    run([str(env / "bin" / "python"), str(ROOT / "scripts" / "demo_generate.py"), str(out),
-         "--max-tokens", str(max_tokens)], f"{tag}-probe", cwd=work, env={"HF_HUB_OFFLINE": "1"})
+    run(
+        [
+            str(env / "bin" / "python"),
+            str(ROOT / "scripts" / "demo_generate.py"),
+            str(out),
+            "--max-tokens",
+            str(max_tokens),
+        ],
+        f"{tag}-probe",
+        cwd=work,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     return json.loads(out.read_text())
 
 
@@ -251,8 +284,18 @@ def compare_libraries(built: dict[str, str], mapped: dict[str, str], keel_dir: s
     return ok, text + (f"; not loaded: {', '.join(unmapped)})" if unmapped else ")")
 
 
-def run_row(row: Row, env: Path, python: str, wheel: Path, built: dict[str, str], requires: list[str],
-            args: argparse.Namespace, reference: list[int] | None, *, build_env: bool) -> Row:
+def run_row(
+    row: Row,
+    env: Path,
+    python: str,
+    wheel: Path,
+    built: dict[str, str],
+    requires: list[str],
+    args: argparse.Namespace,
+    reference: list[int] | None,
+    *,
+    build_env: bool,
+) -> Row:
     tag = f"py{row.python}-torch{row.torch_b}"
     print(f"### torch {row.torch_b}, Python {row.python}: {env.name}", flush=True)
     try:
@@ -271,13 +314,17 @@ def run_row(row: Row, env: Path, python: str, wheel: Path, built: dict[str, str]
     row.tok_s, row.ttft_ms = result["decode_tok_s"], result["ttft_s"] * 1e3
     row.token_ids = result["token_ids"]
     row.tokens_same = reference is None or row.token_ids == reference
-    print(f"  libraries same: {row.libraries}; {len(row.token_ids)} tokens, {row.tok_s:.1f} tok/s; "
-          f"answer: {result['text'][:80]!r}", flush=True)
+    print(
+        f"  libraries same: {row.libraries}; {len(row.token_ids)} tokens, {row.tok_s:.1f} tok/s; "
+        f"answer: {result['text'][:80]!r}",
+        flush=True,
+    )
     return row
 
 
-def below_floor(env: Path, python: str, torch: str, wheel: Path, requires: list[str], floor: str,
-                args: argparse.Namespace) -> Row:
+def below_floor(
+    env: Path, python: str, torch: str, wheel: Path, requires: list[str], floor: str, args: argparse.Namespace
+) -> Row:
     """Torch older than the audited floor: `import keel` must fail with keel's error naming the floor."""
     row = Row(args.torch_a, torch, python_version(python), env.name)
     tag = f"py{row.python}-torch{torch}"
@@ -301,18 +348,24 @@ def below_floor(env: Path, python: str, torch: str, wheel: Path, requires: list[
 
 
 def table(rows: list[Row], verdict: str, floor: str) -> str:
-    head = ("| torch A | torch B | Python | keel libraries mapped = built | audit | op tests | decode tok/s "
-            "| TTFT ms | token ids = A's |\n|---|---|---|---|---|---|---:|---:|---|")
+    head = (
+        "| torch A | torch B | Python | keel libraries mapped = built | audit | op tests | decode tok/s "
+        "| TTFT ms | token ids = A's |\n|---|---|---|---|---|---|---:|---:|---|"
+    )
     lines = [head]
     for r in rows:
         if r.status in ("ok", "failed") and r.libraries_same is not None:
             same = f"{'yes' if r.tokens_same else 'NO'} ({len(r.token_ids)})"
-            lines.append(f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.libraries} | {verdict}, torch>={floor} "
-                         f"| {r.op_tests} | {r.tok_s:.1f} | {r.ttft_ms:.0f} | {same} |")
+            lines.append(
+                f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.libraries} | {verdict}, torch>={floor} "
+                f"| {r.op_tests} | {r.tok_s:.1f} | {r.ttft_ms:.0f} | {same} |"
+            )
         else:
             what = r.detail.splitlines()[0][:160] if r.detail else r.status
-            lines.append(f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.status}: {what} | {verdict}, "
-                         f"torch>={floor} | {r.op_tests} | - | - | - |")
+            lines.append(
+                f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.status}: {what} | {verdict}, "
+                f"torch>={floor} | {r.op_tests} | - | - | - |"
+            )
     return "\n".join(lines)
 
 
@@ -320,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--torch-a", default="2.13.0", help="the torch the wheel is built against")
     ap.add_argument("--targets", nargs="+", default=["2.14.1", "2.15.0", "2.10.0"], help="torch releases to swap in")
-    ap.add_argument("--pythons", nargs="+", default=[],
-                    help="Pythons for the targets (3.12 or a path); default: the build's")
+    ap.add_argument(
+        "--pythons", nargs="+", default=[], help="Pythons for the targets (3.12 or a path); default: the build's"
+    )
     ap.add_argument("--build-python", default=os.environ.get("PYTHON", "python3.11"))
     ap.add_argument("--below-floor", default="2.9.1", help="a torch under the floor that must be refused ('' skips)")
     ap.add_argument("--reuse-envs", action="store_true", help="keep existing .venv-pipe-* environments")
@@ -333,8 +387,11 @@ def main(argv: list[str] | None = None) -> int:
 
     build_python = resolve_python(args.build_python)
     build_py = python_version(build_python)
-    build_env = args.build_env.resolve() if args.build_env else (
-        ROOT / (".venv" if args.torch_a == "2.13.0" else f".venv-pipe-py{build_py}-torch{args.torch_a}"))
+    build_env = (
+        args.build_env.resolve()
+        if args.build_env
+        else (ROOT / (".venv" if args.torch_a == "2.13.0" else f".venv-pipe-py{build_py}-torch{args.torch_a}"))
+    )
     try:
         built_wheel = args.wheel.resolve() if args.wheel else build(args.torch_a, build_env, build_python)
         # every environment gets this copy: a rebuild into dist/ meanwhile cannot change what is tested
@@ -362,16 +419,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeline: STOPPED: {exc}", file=sys.stderr)
         return 1
 
-    rows = [run_row(Row(args.torch_a, args.torch_a, build_py, build_env.name), build_env, build_python, wheel,
-                    built, requires, args, None, build_env=True)]
+    rows = [
+        run_row(
+            Row(args.torch_a, args.torch_a, build_py, build_env.name),
+            build_env,
+            build_python,
+            wheel,
+            built,
+            requires,
+            args,
+            None,
+            build_env=True,
+        )
+    ]
     reference = rows[0].token_ids or None
     pythons = [resolve_python(p) for p in args.pythons] or [build_python]
     for python in pythons:
         py = python_version(python)
         for torch in args.targets:
             env = ROOT / f".venv-pipe-py{py}-torch{torch}"
-            rows.append(run_row(Row(args.torch_a, torch, py, env.name), env, python, wheel, built, requires, args,
-                                reference, build_env=False))
+            rows.append(
+                run_row(
+                    Row(args.torch_a, torch, py, env.name),
+                    env,
+                    python,
+                    wheel,
+                    built,
+                    requires,
+                    args,
+                    reference,
+                    build_env=False,
+                )
+            )
     floor_row = None
     if args.below_floor:
         env = ROOT / f".venv-pipe-py{build_py}-torch{args.below_floor}"
@@ -380,17 +459,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwheel {wheel.name} sha256 {wheel_sha[:16]}, built once against torch {args.torch_a}\n")
     print(table(rows, verdict, floor))
     if floor_row:
-        print(f"\nbelow the floor: torch {floor_row.torch_b} (Python {floor_row.python}): {floor_row.status}: "
-              f"{floor_row.detail}")
+        print(
+            f"\nbelow the floor: torch {floor_row.torch_b} (Python {floor_row.python}): {floor_row.status}: "
+            f"{floor_row.detail}"
+        )
     refused = floor_row is None or floor_row.status == "refused import"
     ok = all(r.ok for r in rows) and reference is not None and refused
     print("\nPIPELINE PASSED" if ok else "\nPIPELINE FAILED")
     if args.json:
-        args.json.write_text(json.dumps({
-            "wheel": wheel.name, "wheel_sha256": wheel_sha, "built_libraries": built, "audit_verdict": verdict,
-            "torch_floor": floor, "rows": [asdict(r) for r in rows],
-            "below_floor": asdict(floor_row) if floor_row else None, "passed": ok,
-        }, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "wheel": wheel.name,
+                    "wheel_sha256": wheel_sha,
+                    "built_libraries": built,
+                    "audit_verdict": verdict,
+                    "torch_floor": floor,
+                    "rows": [asdict(r) for r in rows],
+                    "below_floor": asdict(floor_row) if floor_row else None,
+                    "passed": ok,
+                },
+                indent=1,
+            )
+        )
     return 0 if ok else 1
 
 

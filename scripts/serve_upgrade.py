@@ -49,23 +49,44 @@ def keel_files_digest(python: str) -> dict[str, str]:
 
 
 def torch_version(python: str) -> str:
-    out = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], check=True,
-                         capture_output=True, text=True, cwd=tempfile.gettempdir())
+    out = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )
     return out.stdout.strip()
 
 
-def serve_and_ask(python: str, model: str, *, dtype: str = "float32", max_tokens: int = 24,
-                  timeout_s: float = 300.0) -> dict:
+def serve_and_ask(
+    python: str, model: str, *, dtype: str = "float32", max_tokens: int = 24, timeout_s: float = 300.0
+) -> dict:
     """Start `keel serve` with `python`, ask a completion and a chat question, stop it; what it answered."""
     import openai
 
     port = free_port()
-    cmd = [python, "-m", "keel.cli", "serve", "--model", model, "--port", str(port), "--dtype", dtype,
-           "--served-model-name", "m", "--log-level", "warning"]
+    cmd = [
+        python,
+        "-m",
+        "keel.cli",
+        "serve",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--served-model-name",
+        "m",
+        "--log-level",
+        "warning",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     # cwd outside any checkout: the installed keel is what runs, never a source tree
-    proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tempfile.gettempdir(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -83,11 +104,15 @@ def serve_and_ask(python: str, model: str, *, dtype: str = "float32", max_tokens
             time.sleep(0.2)
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         completion = client.completions.create(model="m", prompt=QUESTION, max_tokens=max_tokens, temperature=0)
-        chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": QUESTION}],
-                                              max_tokens=max_tokens, temperature=0)
+        chat = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": QUESTION}], max_tokens=max_tokens, temperature=0
+        )
         metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
-        served_torch = next(line.split('torch_version="')[1].split('"')[0]
-                            for line in metrics.splitlines() if line.startswith("keel_build_info{"))
+        served_torch = next(
+            line.split('torch_version="')[1].split('"')[0]
+            for line in metrics.splitlines()
+            if line.startswith("keel_build_info{")
+        )
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

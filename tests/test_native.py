@@ -76,19 +76,26 @@ except RuntimeError as exc:
 
 
 @pytest.mark.skipif(bool(torch.version.cuda), reason="simulates a CUDA torch on a CPU-only torch")
-@pytest.mark.parametrize("mode, reason", [
-    ("missing", r"is missing from .*keel \(this wheel was built without CUDA kernels\)"),
-    ("broken", r"could not be loaded with torch .*libcudart\.so\.13: cannot open shared object file"),
-])
+@pytest.mark.parametrize(
+    "mode, reason",
+    [
+        ("missing", r"is missing from .*keel \(this wheel was built without CUDA kernels\)"),
+        ("broken", r"could not be loaded with torch .*libcudart\.so\.13: cannot open shared object file"),
+    ],
+)
 def test_cuda_torch_without_cuda_library(tmp_path, mode, reason):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", CUDA_TORCH_SCRIPT, mode], capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", CUDA_TORCH_SCRIPT, mode], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
-    assert re.search(r"keel::rms_norm: got a CUDA tensor, but the CUDA kernels of this op are not available: "
-                     r"_C_cuda\.abi3\.so " + reason + r"\. The CPU kernels work", out.stdout), out.stdout
+    assert re.search(
+        r"keel::rms_norm: got a CUDA tensor, but the CUDA kernels of this op are not available: "
+        r"_C_cuda\.abi3\.so " + reason + r"\. The CPU kernels work",
+        out.stdout,
+    ), out.stdout
 
 
 def test_load_pair_is_generic(tmp_path, monkeypatch):

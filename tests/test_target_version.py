@@ -21,9 +21,15 @@ pytestmark = pytest.mark.skipif(not (CXX and WRAPPERS), reason="needs a C++ comp
 
 def compile_syntax(sources: list[Path], target: tuple[int, int]) -> subprocess.CompletedProcess:
     version = hex((target[0] << 56) | (target[1] << 48))
-    cmd = [CXX, "-fsyntax-only", "-std=c++17", f"-I{ROOT / 'csrc'}",
-           f"-isystem{Path(torch.__file__).parent / 'include'}", f"-DTORCH_TARGET_VERSION={version}",
-           *map(str, sources)]
+    cmd = [
+        CXX,
+        "-fsyntax-only",
+        "-std=c++17",
+        f"-I{ROOT / 'csrc'}",
+        f"-isystem{Path(torch.__file__).parent / 'include'}",
+        f"-DTORCH_TARGET_VERSION={version}",
+        *map(str, sources),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 

@@ -12,8 +12,16 @@ from keel_audit import audit
 
 # the installed package, located without importing it (importing keel loads its libraries)
 PACKAGE = Path(next(iter(importlib.util.find_spec("keel").submodule_search_locations)))
-SYSTEM = {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6", "ld-linux-x86-64.so.2",
-          "libdl.so.2", "libpthread.so.0", "librt.so.1"}
+SYSTEM = {
+    "libstdc++.so.6",
+    "libm.so.6",
+    "libgcc_s.so.1",
+    "libc.so.6",
+    "ld-linux-x86-64.so.2",
+    "libdl.so.2",
+    "libpthread.so.0",
+    "librt.so.1",
+}
 
 
 def _expected_torch_needed(lib: Path) -> set[str]:

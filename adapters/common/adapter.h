@@ -68,8 +68,8 @@ inline int to_int(const char* op, const char* arg, std::optional<int64_t> v, int
 // The fork's `float` option from the dispatcher's double: a finite value must stay finite
 // (no silent overflow to inf); inf and nan pass through for the kernel's own checks.
 inline float to_float(const char* op, const char* arg, double v) {
-  KEEL_CHECK(!std::isfinite(v) || std::fabs(v) <= static_cast<double>(std::numeric_limits<float>::max()), op,
-             ": ", arg, " must fit in a 32-bit float (the vendored kernel's type), got ", v);
+  KEEL_CHECK(!std::isfinite(v) || std::fabs(v) <= static_cast<double>(std::numeric_limits<float>::max()), op, ": ", arg,
+             " must fit in a 32-bit float (the vendored kernel's type), got ", v);
   return static_cast<float>(v);
 }
 
@@ -77,13 +77,13 @@ inline float to_float(const char* op, const char* arg, double v) {
 
 // Registers `fn` for `name` in the enclosing KEEL_ADAPTER_LIBRARY_IMPL block, after checking
 // at compile time that every parameter is one the stable dispatcher carries as-is.
-#define KEEL_ADAPTER_IMPL(m, name, fn)                                                                    \
-  do {                                                                                                    \
-    static_assert(::keel::adapter::all_params_widened<std::remove_reference_t<decltype(fn)>>::value,      \
-                  "keel adapter: the kernel registered for " name                                         \
-                  " has a parameter type the stable dispatcher cannot carry; use only Tensor, "           \
-                  "std::optional<Tensor>, int64_t, double, bool (and std::optional of the scalars)");      \
-    (m).impl(name, TORCH_BOX(fn));                                                                        \
+#define KEEL_ADAPTER_IMPL(m, name, fn)                                                                \
+  do {                                                                                                \
+    static_assert(::keel::adapter::all_params_widened<std::remove_reference_t<decltype(fn)>>::value,  \
+                  "keel adapter: the kernel registered for " name                                     \
+                  " has a parameter type the stable dispatcher cannot carry; use only Tensor, "       \
+                  "std::optional<Tensor>, int64_t, double, bool (and std::optional of the scalars)"); \
+    (m).impl(name, TORCH_BOX(fn));                                                                    \
   } while (0)
 
 // Impl block of a vendored library's namespace for this library's device (CPU in _C,

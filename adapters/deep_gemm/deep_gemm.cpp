@@ -55,8 +55,8 @@ dg::TensorView view(const char* op, const char* arg, const Tensor& t) {
   check_library_device(op, arg, t);
   KEEL_CHECK(t.dim() <= dg::TensorView::kMaxDims, op, ": ", arg, " must have at most ", dg::TensorView::kMaxDims,
              " dimensions, got ", t.dim());
-  KEEL_CHECK(fork_dtype(t) != dg::DType::kOther, op, ": ", arg,
-             " must be float8_e4m3fn, bfloat16 or float32, got ", scalar_type_name(t.scalar_type()));
+  KEEL_CHECK(fork_dtype(t) != dg::DType::kOther, op, ": ", arg, " must be float8_e4m3fn, bfloat16 or float32, got ",
+             scalar_type_name(t.scalar_type()));
   dg::TensorView v;
   v.data = t.data_ptr();
   v.dtype = fork_dtype(t);

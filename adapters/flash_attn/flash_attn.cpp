@@ -54,8 +54,8 @@ flash::DType fork_dtype(const Tensor& t) {
 // An argument as the fork's view; `index`: an int32 index tensor (cu_seqlens, block_table, ...).
 flash::TensorView view(const char* op, const char* arg, const Tensor& t, bool index = false) {
   check_library_device(op, arg, t);
-  KEEL_CHECK(t.dim() >= 1 && t.dim() <= flash::TensorView::kMaxDims, op, ": ", arg, " must have 1 to 4 dimensions, got ",
-             t.dim(), "-D tensor of shape ", shape_str(t));
+  KEEL_CHECK(t.dim() >= 1 && t.dim() <= flash::TensorView::kMaxDims, op, ": ", arg,
+             " must have 1 to 4 dimensions, got ", t.dim(), "-D tensor of shape ", shape_str(t));
   flash::TensorView v;
   v.dtype = fork_dtype(t);
   KEEL_CHECK(!index || v.dtype == flash::DType::kInt32, op, ": ", arg, " must be int32, got ",
@@ -106,9 +106,9 @@ void call_fork(const char* op, const F& f) {
 }  // namespace
 
 Tensor varlen_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
-                  std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> seqused_k, std::optional<Tensor> block_table,
-                  int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
-                  int64_t window_right, double softcap, int64_t num_splits) {
+                  std::optional<Tensor> cu_seqlens_k, std::optional<Tensor> seqused_k,
+                  std::optional<Tensor> block_table, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                  bool causal, int64_t window_left, int64_t window_right, double softcap, int64_t num_splits) {
   install();
   const auto qv = view(kVarlen, "q", q);
   const auto kv = view(kVarlen, "k", k);

@@ -108,9 +108,7 @@ def audit(
     the default policy is data/policy.json.
     """
     if not paths:
-        raise AuditInputError(
-            "keel audit: no input; expected a .whl, a directory, .so files or a distribution name"
-        )
+        raise AuditInputError("keel audit: no input; expected a .whl, a directory, .so files or a distribution name")
     target = fmt(minor(parse(target_torch, "--target-torch"))) if target_torch else None
     rules = resolve_policy(policy, strict)
     with ExitStack() as stack:

@@ -262,8 +262,10 @@ def _floor_unknown(lib: LibraryAudit) -> Finding:
     if newest is None:
         why = f"needs {', '.join(lib.manylinux_excess)}; no manylinux policy known for architecture {lib.machine}"
     else:
-        why = (f"needs {', '.join(lib.manylinux_excess)}, above every manylinux policy known for "
-               f"{lib.machine} (newest manylinux_{newest.glibc.replace('.', '_')}, from {table.source})")
+        why = (
+            f"needs {', '.join(lib.manylinux_excess)}, above every manylinux policy known for "
+            f"{lib.machine} (newest manylinux_{newest.glibc.replace('.', '_')}, from {table.source})"
+        )
     return Finding(
         "manylinux-floor-unknown",
         lib.path,

@@ -128,9 +128,7 @@ def walk_versions(
     pos = 0  # offsets only grow (unsigned vn_next), so a loop is a zero vn_next, checked below
     for i in range(count):
         if pos + 16 > len(raw):
-            raise ElfFormatError(
-                f"malformed ELF: {kind} entry {i} at offset {pos} lies outside the section"
-            )
+            raise ElfFormatError(f"malformed ELF: {kind} entry {i} at offset {pos} lies outside the section")
         if need:
             _ver, cnt, vfile, aux, nxt = struct.unpack_from(e + "HHIII", raw, pos)
         else:

@@ -26,10 +26,7 @@ def package_findings(
     out: list[Finding] = []
     libs = [lib for group in by_source.values() for lib in group]
     for pattern in allow:
-        if not any(
-            fnmatch.fnmatch(lib.path, pattern) or fnmatch.fnmatch(Path(lib.path).name, pattern)
-            for lib in libs
-        ):
+        if not any(fnmatch.fnmatch(lib.path, pattern) or fnmatch.fnmatch(Path(lib.path).name, pattern) for lib in libs):
             out.append(
                 Finding(
                     "stale-allow",
@@ -141,8 +138,9 @@ def _libstdcxx_findings(lib: LibraryAudit, plat: str, glibc: tuple[int, int], ar
         family = version.split("_", 1)[0]
         if version in want.named:
             since = named.get(version)
-            allowed.append(f"{version} only from manylinux_{since.replace('.', '_')}" if since
-                           else f"{version} in no known policy")
+            allowed.append(
+                f"{version} only from manylinux_{since.replace('.', '_')}" if since else f"{version} in no known policy"
+            )
         else:
             top = bound.highest.get(family)
             allowed.append(f"{family} at most {family}_{top}" if top else f"no {family}_ version")

@@ -55,9 +55,7 @@ def _wheel_meta(text_of: Callable[[str], str | None]) -> tuple[tuple[str, ...], 
     requires_python = None
     wheel = text_of("WHEEL")
     if wheel:
-        tags = [
-            v.strip() for k, _, v in (ln.partition(":") for ln in wheel.splitlines()) if k.strip() == "Tag"
-        ]
+        tags = [v.strip() for k, _, v in (ln.partition(":") for ln in wheel.splitlines()) if k.strip() == "Tag"]
     meta = text_of("METADATA")
     if meta:
         headers = email.parser.Parser().parsestr(meta, headersonly=True)
@@ -87,9 +85,7 @@ def open_wheel(path: Path, zf: zipfile.ZipFile, fd: int | None = None) -> Source
     for info in members:
         named = bool(_SO_NAME.search(info.filename))
         if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info, fd=fd))):
-            candidates.append(
-                Candidate(info.filename, lambda i=info: read_member(zf, i, fd), named, info.file_size)
-            )
+            candidates.append(Candidate(info.filename, lambda i=info: read_member(zf, i, fd), named, info.file_size))
     return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates), requires_python)
 
 
@@ -101,10 +97,7 @@ def _expand(tags: tuple[str, ...]) -> tuple[str, ...]:
         if len(pieces) != 3:
             continue
         out += [
-            f"{p}-{a}-{pl}"
-            for p in pieces[0].split(".")
-            for a in pieces[1].split(".")
-            for pl in pieces[2].split(".")
+            f"{p}-{a}-{pl}" for p in pieces[0].split(".") for a in pieces[1].split(".") for pl in pieces[2].split(".")
         ]
     return tuple(out)
 
@@ -169,8 +162,7 @@ def open_distribution(name: str) -> Source:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
         raise AuditInputError(
-            f"{name!r}: expected a .whl, a directory, a .so file or an installed "
-            f"distribution name; found none of these"
+            f"{name!r}: expected a .whl, a directory, a .so file or an installed distribution name; found none of these"
         ) from None
     files = [Path(str(dist.locate_file(f))) for f in (dist.files or ())]
     root = Path(str(dist.locate_file("")))

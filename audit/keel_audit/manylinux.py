@@ -70,8 +70,11 @@ class Bound:
 
     def excess(self, want: Needs, named_floor: dict[str, str]) -> list[str]:
         """The needed versions this policy does not admit ("GLIBCXX_3.4.30"), in family order."""
-        out = [f"{f}_{v}" for f in FAMILIES if (v := want.highest.get(f)) is not None
-               and ((top := self.highest.get(f)) is None or _key(v) > _key(top))]
+        out = [
+            f"{f}_{v}"
+            for f in FAMILIES
+            if (v := want.highest.get(f)) is not None and ((top := self.highest.get(f)) is None or _key(v) > _key(top))
+        ]
         out += [n for n in want.named if n not in named_floor or _key(named_floor[n]) > _key(self.glibc)]
         return out
 
@@ -124,12 +127,13 @@ def manylinux_table(path: Path = TABLE_FILE) -> ManylinuxTable:
         if data.get("schema") != 1:
             raise ValueError(f"schema {data.get('schema')!r}")
         policies = {
-            arch: tuple(sorted((Bound(glibc, dict(row)) for glibc, row in rows.items()),
-                               key=lambda b: _key(b.glibc)))
+            arch: tuple(sorted((Bound(glibc, dict(row)) for glibc, row in rows.items()), key=lambda b: _key(b.glibc)))
             for arch, rows in data["policies"].items()
         }
         named = {arch: dict(rows) for arch, rows in data["named"].items()}
         return ManylinuxTable(str(data["source"]), policies, named)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise TableError(f"manylinux table {path}: expected the schema-1 table written by "
-                         f"scripts/gen_manylinux_table.py, got {exc!r}") from None
+        raise TableError(
+            f"manylinux table {path}: expected the schema-1 table written by "
+            f"scripts/gen_manylinux_table.py, got {exc!r}"
+        ) from None

@@ -19,8 +19,14 @@ DATA = Path(__file__).parent / "data"
 POLICY_FILE = DATA / "policy.json"
 STRICT_FILE = DATA / "policy-strict.json"
 SEVERITIES = ("error", "warning", "note")
-_KEYS = ("allowed_torch_libraries", "torch_library_patterns", "cudart_patterns", "shim_prefixes",
-         "python_global_prefixes", "machines")
+_KEYS = (
+    "allowed_torch_libraries",
+    "torch_library_patterns",
+    "cudart_patterns",
+    "shim_prefixes",
+    "python_global_prefixes",
+    "machines",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +76,7 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     except (OSError, ValueError) as exc:
         raise TableError(f"audit policy {path}: expected readable JSON, got {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != 2:
-        raise TableError(f"audit policy {path}: expected a JSON object with \"schema\": 2")
+        raise TableError(f'audit policy {path}: expected a JSON object with "schema": 2')
     base = data.get("extends")
     if base is None:
         return data

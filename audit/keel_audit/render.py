@@ -48,13 +48,20 @@ def render_table(result: PackageAudit) -> str:
     lines = [f"keel audit: {', '.join(result.sources)}"]
     if result.tags:
         lines.append(f"wheel tags: {', '.join(result.tags)}")
-    header = ["library", "verdict", "torch>=", "python>=", "glibc", "manylinux", "shim", "unstable",
-              "header-only", "cpython", "other"]
-    lines += (
-        _table([header] + [_row(lib) for lib in result.libraries])
-        if result.libraries
-        else ["(no ELF objects)"]
-    )
+    header = [
+        "library",
+        "verdict",
+        "torch>=",
+        "python>=",
+        "glibc",
+        "manylinux",
+        "shim",
+        "unstable",
+        "header-only",
+        "cpython",
+        "other",
+    ]
+    lines += _table([header] + [_row(lib) for lib in result.libraries]) if result.libraries else ["(no ELF objects)"]
     for lib in result.libraries:
         if lib.error:
             lines.append(f"  {lib.path}: {lib.error}")

@@ -51,9 +51,7 @@ def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
             )
         total += info.file_size
         if total > MAX_TOTAL:
-            raise AuditInputError(
-                f"{label}: entries add up to more than {MAX_TOTAL} bytes; expected a real wheel"
-            )
+            raise AuditInputError(f"{label}: entries add up to more than {MAX_TOTAL} bytes; expected a real wheel")
         if not name.endswith("/"):
             members.append(info)
     return members
@@ -70,9 +68,7 @@ def _check_name(name: str, label: str) -> None:
         or ".." in parts
         or not parts
     ):
-        raise AuditInputError(
-            f"{label}: unsafe zip entry name {name!r}; expected a relative path inside the wheel"
-        )
+        raise AuditInputError(f"{label}: unsafe zip entry name {name!r}; expected a relative path inside the wheel")
 
 
 def read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, fd: int | None = None) -> MemberReader:

@@ -33,8 +33,7 @@ bool cpu_has_avx2() {
   static const bool has = [] {
     if (forced_isa() == Forced::kBase) return false;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   }();
   return has;
 }

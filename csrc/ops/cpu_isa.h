@@ -17,21 +17,21 @@ bool cpu_has_avx2();
 bool cpu_has_avx512bf16();
 
 // Declares `fn(params, begin, end)` in both ISA namespaces plus a dispatcher keel::cpu::fn.
-#define KEEL_DECLARE_CPU_KERNEL(fn, Params)                                  \
-  namespace cpu_base {                                                       \
-  void fn(const Params& p, int64_t begin, int64_t end);                      \
-  }                                                                          \
-  namespace cpu_avx2 {                                                       \
-  void fn(const Params& p, int64_t begin, int64_t end);                      \
-  }                                                                          \
-  namespace cpu {                                                            \
-  inline void fn(const Params& p, int64_t begin, int64_t end) {              \
-    if (cpu_has_avx2()) {                                                    \
-      cpu_avx2::fn(p, begin, end);                                           \
-    } else {                                                                 \
-      cpu_base::fn(p, begin, end);                                           \
-    }                                                                        \
-  }                                                                          \
+#define KEEL_DECLARE_CPU_KERNEL(fn, Params)                     \
+  namespace cpu_base {                                          \
+  void fn(const Params& p, int64_t begin, int64_t end);         \
+  }                                                             \
+  namespace cpu_avx2 {                                          \
+  void fn(const Params& p, int64_t begin, int64_t end);         \
+  }                                                             \
+  namespace cpu {                                               \
+  inline void fn(const Params& p, int64_t begin, int64_t end) { \
+    if (cpu_has_avx2()) {                                       \
+      cpu_avx2::fn(p, begin, end);                              \
+    } else {                                                    \
+      cpu_base::fn(p, begin, end);                              \
+    }                                                           \
+  }                                                             \
   }
 
 }  // namespace keel

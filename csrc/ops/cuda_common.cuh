@@ -16,12 +16,12 @@
 // access (the caller returns) and raises a device-side assert, which CUDA reports at the next
 // synchronizing call as cudaErrorAssert, with `msg` on stderr. As with torch's own device-side
 // index checks, the CUDA context is unusable afterwards. Independent of NDEBUG.
-#define KEEL_DEVICE_CHECK(cond, msg)                                        \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      __assert_fail(msg, __FILE__, __LINE__, __func__);                     \
-      return;                                                               \
-    }                                                                       \
+#define KEEL_DEVICE_CHECK(cond, msg)                    \
+  do {                                                  \
+    if (!(cond)) {                                      \
+      __assert_fail(msg, __FILE__, __LINE__, __func__); \
+      return;                                           \
+    }                                                   \
   } while (0)
 
 namespace keel::cuda {
@@ -74,10 +74,17 @@ inline void check_launch(const char* op) {
 template <typename F>
 inline void dispatch_float(DType dt, F&& f) {
   switch (dt) {
-    case DType::kFloat32: f(float{}); break;
-    case DType::kBFloat16: f(__nv_bfloat16{}); break;
-    case DType::kFloat16: f(__half{}); break;
-    case DType::kFloat64: break;  // only fused_muladd takes float64; it dispatches that itself
+    case DType::kFloat32:
+      f(float{});
+      break;
+    case DType::kBFloat16:
+      f(__nv_bfloat16{});
+      break;
+    case DType::kFloat16:
+      f(__half{});
+      break;
+    case DType::kFloat64:
+      break;  // only fused_muladd takes float64; it dispatches that itself
   }
 }
 

@@ -58,7 +58,8 @@ Tensor fused_muladd(const Tensor& a, const Tensor& b, double c) {
 #ifdef KEEL_CUDA_LIBRARY
   fused_muladd_cuda(p, ctx.stream());
 #else
-  parallel_for(p.rows, grain_for(p.cols, 32768), [&](int64_t begin, int64_t end) { cpu::fused_muladd_rows(p, begin, end); });
+  parallel_for(p.rows, grain_for(p.cols, 32768),
+               [&](int64_t begin, int64_t end) { cpu::fused_muladd_rows(p, begin, end); });
 #endif
   return out;
 }

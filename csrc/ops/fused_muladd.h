@@ -12,17 +12,17 @@ namespace keel {
 
 struct FusedMulAddParams {
   DType dtype;
-  void* out;          // contiguous [rows, cols]
-  const void* a;      // rows via a_rows, columns every a_col elements
+  void* out;      // contiguous [rows, cols]
+  const void* a;  // rows via a_rows, columns every a_col elements
   const void* b;
   RowLayout a_rows;
   RowLayout b_rows;
   int64_t a_col;
   int64_t b_col;
   int64_t rows;
-  int64_t cols;       // columns per row (the last row may be shorter)
+  int64_t cols;  // columns per row (the last row may be shorter)
   int64_t numel;
-  double c;          // rounded to float for the float32 and 16-bit dtypes
+  double c;  // rounded to float for the float32 and 16-bit dtypes
 };
 
 // Processes rows [begin, end). A contiguous pair is one row of numel columns.

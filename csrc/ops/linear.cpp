@@ -27,15 +27,15 @@ DType check_linear_args(const char* op, const Tensor& x, const Tensor& weight, c
   check_same_device(op, "weight", weight, "x", x);
   check_same_dtype(op, "weight", weight, "x", x);
   const int64_t k = x.size(-1);
-  KEEL_CHECK(weight.dim() == 2 && weight.size(1) == k, op, ": weight must be [N, ", k,
-             "] to match x's last dim, got ", shape_str(weight));
-  KEEL_CHECK(weight.stride(1) == 1 || k <= 1, op,
-             ": weight must have unit stride along its last dim (K), got stride ", weight.stride(1));
+  KEEL_CHECK(weight.dim() == 2 && weight.size(1) == k, op, ": weight must be [N, ", k, "] to match x's last dim, got ",
+             shape_str(weight));
+  KEEL_CHECK(weight.stride(1) == 1 || k <= 1, op, ": weight must have unit stride along its last dim (K), got stride ",
+             weight.stride(1));
   if (bias.has_value()) {
     check_same_device(op, "bias", *bias, "x", x);
     check_same_dtype(op, "bias", *bias, "x", x);
-    KEEL_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must be [",
-               weight.size(0), "] to match weight's rows, got ", shape_str(*bias));
+    KEEL_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), op, ": bias must be [", weight.size(0),
+               "] to match weight's rows, got ", shape_str(*bias));
   }
   return dt;
 }

@@ -13,13 +13,13 @@ namespace keel {
 constexpr int64_t kLinearRowBlock = 32;
 
 struct LinearParams {
-  DType dtype;        // of w, bias and out
-  void* out;          // contiguous [m, n]
-  const float* x;     // contiguous fp32 [m, k] (converted once by the wrapper), or nullptr when x16 is set
-  const void* x16;    // set only when cpu_has_avx512bf16(): contiguous bf16 [m, k], read with vdpbf16ps
-  const void* w;      // [n, k]: row r at w + r * w_row, unit column stride
+  DType dtype;      // of w, bias and out
+  void* out;        // contiguous [m, n]
+  const float* x;   // contiguous fp32 [m, k] (converted once by the wrapper), or nullptr when x16 is set
+  const void* x16;  // set only when cpu_has_avx512bf16(): contiguous bf16 [m, k], read with vdpbf16ps
+  const void* w;    // [n, k]: row r at w + r * w_row, unit column stride
   int64_t w_row;
-  const void* bias;   // [n] every bias_stride elements, or nullptr
+  const void* bias;  // [n] every bias_stride elements, or nullptr
   int64_t bias_stride;
   int64_t m;
   int64_t n;

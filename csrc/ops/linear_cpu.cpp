@@ -57,9 +57,7 @@ KEEL_KINLINE f32x8 load8(const f16_t* p) {
 #endif
 }
 
-KEEL_KINLINE float hsum(const f32x8& v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
+KEEL_KINLINE float hsum(const f32x8& v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
 
 // x rows [m0, m0 + MR) times weight row r: 8 columns a step, KU steps unrolled.
 template <int MR, int KU, typename T>
@@ -102,10 +100,17 @@ void cols_impl(const LinearParams& p, int64_t begin, int64_t end) {
     int64_t m0 = 0;
     for (; m0 + 4 <= p.m; m0 += 4) row_tile<4, 2, T>(p, m0, r);
     switch (p.m - m0) {
-      case 3: row_tile<3, 2, T>(p, m0, r); break;
-      case 2: row_tile<2, 4, T>(p, m0, r); break;
-      case 1: row_tile<1, 4, T>(p, m0, r); break;
-      default: break;
+      case 3:
+        row_tile<3, 2, T>(p, m0, r);
+        break;
+      case 2:
+        row_tile<2, 4, T>(p, m0, r);
+        break;
+      case 1:
+        row_tile<1, 4, T>(p, m0, r);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -227,10 +232,17 @@ KEEL_AVX512BF16 KEEL_KINLINE void rows_bf16(const LinearParams& p, int64_t r0) {
   int64_t m0 = 0;
   for (; m0 + 4 <= p.m; m0 += 4) tile_bf16<4, NR>(p, m0, r0);
   switch (p.m - m0) {
-    case 3: tile_bf16<3, NR>(p, m0, r0); break;
-    case 2: tile_bf16<2, NR>(p, m0, r0); break;
-    case 1: tile_bf16<1, NR>(p, m0, r0); break;
-    default: break;
+    case 3:
+      tile_bf16<3, NR>(p, m0, r0);
+      break;
+    case 2:
+      tile_bf16<2, NR>(p, m0, r0);
+      break;
+    case 1:
+      tile_bf16<1, NR>(p, m0, r0);
+      break;
+    default:
+      break;
   }
 }
 
@@ -238,9 +250,15 @@ KEEL_AVX512BF16 void cols_bf16(const LinearParams& p, int64_t begin, int64_t end
   if (p.m < 4) {  // decode: one weight row at a time, one sequential stream, KU accumulators per x row
     for (int64_t r = begin; r < end; ++r) {
       switch (p.m) {
-        case 3: row_tile_bf16<3, 2>(p, 0, r); break;
-        case 2: row_tile_bf16<2, 4>(p, 0, r); break;
-        default: row_tile_bf16<1, 4>(p, 0, r); break;
+        case 3:
+          row_tile_bf16<3, 2>(p, 0, r);
+          break;
+        case 2:
+          row_tile_bf16<2, 4>(p, 0, r);
+          break;
+        default:
+          row_tile_bf16<1, 4>(p, 0, r);
+          break;
       }
     }
     return;

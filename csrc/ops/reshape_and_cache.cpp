@@ -44,8 +44,8 @@ void check_slots(const ReshapeAndCacheParams& p, int64_t capacity) {
   int64_t last = -1;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slots[t * p.slot_stride];
-    KEEL_CHECK(slot >= -1 && slot < capacity, kOp, ": slot_mapping[", t, "]=", slot,
-               " is outside the cache's ", capacity, " slots (-1 marks padding)");
+    KEEL_CHECK(slot >= -1 && slot < capacity, kOp, ": slot_mapping[", t, "]=", slot, " is outside the cache's ",
+               capacity, " slots (-1 marks padding)");
     if (slot < 0) continue;
     increasing = increasing && slot > last;
     last = slot;
@@ -83,10 +83,9 @@ void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor key_cache,
   check_dim(kOp, "key_cache", key_cache, 4);
   check_same_shape(kOp, "value_cache", value_cache, "key_cache", key_cache);
   KEEL_CHECK(key_cache.size(2) == key.size(1) && key_cache.size(3) == key.size(2), kOp,
-             ": key_cache must be [num_blocks, block_size, ", key.size(1), ", ", key.size(2),
-             "] to hold key ", shape_str(key), ", got ", shape_str(key_cache));
-  KEEL_CHECK(key_cache.size(1) > 0, kOp, ": key_cache block_size must be positive, got shape ",
-             shape_str(key_cache));
+             ": key_cache must be [num_blocks, block_size, ", key.size(1), ", ", key.size(2), "] to hold key ",
+             shape_str(key), ", got ", shape_str(key_cache));
+  KEEL_CHECK(key_cache.size(1) > 0, kOp, ": key_cache block_size must be positive, got shape ", shape_str(key_cache));
   KEEL_CHECK(dtype_code(slot_mapping) == shim_codes().int64, kOp, ": slot_mapping must be int64, got ",
              scalar_type_name(slot_mapping.scalar_type()));
   KEEL_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0), kOp,
@@ -122,7 +121,8 @@ void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor key_cache,
   reshape_and_cache_cuda(p, ctx.stream());
 #else
   check_slots(p, p.capacity);
-  parallel_for(p.num_tokens, grain_for(2 * p.kv_heads * p.head_size, 32768), [&](int64_t b, int64_t e) { cpu::reshape_and_cache_tokens(p, b, e); });
+  parallel_for(p.num_tokens, grain_for(2 * p.kv_heads * p.head_size, 32768),
+               [&](int64_t b, int64_t e) { cpu::reshape_and_cache_tokens(p, b, e); });
 #endif
 }
 

@@ -40,9 +40,15 @@ void reshape_and_cache_cuda(const ReshapeAndCacheParams& p, void* stream) {
   const auto blocks = static_cast<unsigned>(p.num_tokens);
   const int threads = 128;
   switch (p.element_size) {
-    case 2: reshape_and_cache_kernel<uint16_t><<<blocks, threads, 0, s>>>(p); break;
-    case 4: reshape_and_cache_kernel<uint32_t><<<blocks, threads, 0, s>>>(p); break;
-    default: reshape_and_cache_kernel<uint8_t><<<blocks, threads, 0, s>>>(p); break;
+    case 2:
+      reshape_and_cache_kernel<uint16_t><<<blocks, threads, 0, s>>>(p);
+      break;
+    case 4:
+      reshape_and_cache_kernel<uint32_t><<<blocks, threads, 0, s>>>(p);
+      break;
+    default:
+      reshape_and_cache_kernel<uint8_t><<<blocks, threads, 0, s>>>(p);
+      break;
   }
   cuda::check_launch("keel::reshape_and_cache");
 }

@@ -11,9 +11,9 @@
 namespace keel {
 
 struct CacheSide {
-  const void* src;      // [T, kv_heads, head_size] with strides src_t, src_h, src_d
+  const void* src;  // [T, kv_heads, head_size] with strides src_t, src_h, src_d
   int64_t src_t, src_h, src_d;
-  void* cache;          // [num_blocks, block_size, kv_heads, head_size] with strides c_b, c_s, c_h, c_d
+  void* cache;  // [num_blocks, block_size, kv_heads, head_size] with strides c_b, c_s, c_h, c_d
   int64_t c_b, c_s, c_h, c_d;
 };
 
@@ -27,7 +27,7 @@ struct ReshapeAndCacheParams {
   int64_t kv_heads;
   int64_t head_size;
   int64_t block_size;
-  int64_t capacity;      // num_blocks * block_size: slots must be in [-1, capacity)
+  int64_t capacity;  // num_blocks * block_size: slots must be in [-1, capacity)
 };
 
 KEEL_DECLARE_CPU_KERNEL(reshape_and_cache_tokens, ReshapeAndCacheParams)

@@ -38,9 +38,12 @@ void tokens_impl(const ReshapeAndCacheParams& p, int64_t begin, int64_t end) {
 
 void reshape_and_cache_tokens(const ReshapeAndCacheParams& p, int64_t begin, int64_t end) {
   switch (p.element_size) {
-    case 2: return tokens_impl<uint16_t>(p, begin, end);
-    case 4: return tokens_impl<uint32_t>(p, begin, end);
-    default: return tokens_impl<uint8_t>(p, begin, end);
+    case 2:
+      return tokens_impl<uint16_t>(p, begin, end);
+    case 4:
+      return tokens_impl<uint32_t>(p, begin, end);
+    default:
+      return tokens_impl<uint8_t>(p, begin, end);
   }
 }
 

@@ -13,16 +13,16 @@ namespace keel {
 
 struct RmsNormParams {
   DType dtype;
-  const void* x;        // rows via x_rows, elements every x_col
+  const void* x;  // rows via x_rows, elements every x_col
   RowLayout x_rows;
   int64_t x_col;
-  void* out;            // rows via out_rows, elements every out_col (== x for the fused op)
+  void* out;  // rows via out_rows, elements every out_col (== x for the fused op)
   RowLayout out_rows;
   int64_t out_col;
-  void* residual;       // nullptr for plain rms_norm
+  void* residual;  // nullptr for plain rms_norm
   RowLayout res_rows;
   int64_t res_col;
-  const void* weight;   // [hidden], elements every w_col
+  const void* weight;  // [hidden], elements every w_col
   int64_t w_col;
   int64_t rows;
   int64_t hidden;

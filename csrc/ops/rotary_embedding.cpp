@@ -22,8 +22,7 @@ RotaryTensor describe(const char* arg, const Tensor& t, const Tensor& positions,
   const int64_t pd = positions.dim();
   KEEL_CHECK(t.dim() == pd + 1 || t.dim() == pd + 2, kOp, ": ", arg, " must be [",
              pd == 1 ? "num_tokens" : "batch, seq", ", num_heads * head_size] or [...",
-             ", num_heads, head_size] to match positions ", shape_str(positions), ", got shape ",
-             shape_str(t));
+             ", num_heads, head_size] to match positions ", shape_str(positions), ", got shape ", shape_str(t));
   for (int64_t d = 0; d < pd; ++d) {
     KEEL_CHECK(t.size(d) == positions.size(d), kOp, ": ", arg, " leading dims must equal positions ",
                shape_str(positions), ", got shape ", shape_str(t));
@@ -35,8 +34,8 @@ RotaryTensor describe(const char* arg, const Tensor& t, const Tensor& positions,
   r.tokens = row_layout(kOp, arg, t, pd);
   r.elem_stride = t.stride(-1);
   if (t.dim() == pd + 2) {
-    KEEL_CHECK(t.size(-1) == head_size, kOp, ": ", arg, " last dim must be head_size=", head_size,
-               ", got shape ", shape_str(t));
+    KEEL_CHECK(t.size(-1) == head_size, kOp, ": ", arg, " last dim must be head_size=", head_size, ", got shape ",
+               shape_str(t));
     r.num_heads = t.size(-2);
     r.head_stride = t.stride(-2);
   } else {
@@ -50,8 +49,8 @@ RotaryTensor describe(const char* arg, const Tensor& t, const Tensor& positions,
 
 }  // namespace
 
-void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_size,
-                      const Tensor& cos_sin_cache, bool is_neox) {
+void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_size, const Tensor& cos_sin_cache,
+                      bool is_neox) {
   check_library_device(kOp, "q", q);
   check_same_device(kOp, "k", k, "q", q);
   check_same_device(kOp, "positions", positions, "q", q);
@@ -70,8 +69,8 @@ void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_
              ", got shape ", shape_str(cos_sin_cache));
   const int32_t cache_t = dtype_code(cos_sin_cache);
   KEEL_CHECK(cache_t == shim_codes().float32 || cache_t == dtype_code(q), kOp,
-             ": cos_sin_cache must be float32 or the dtype of q (", scalar_type_name(q.scalar_type()),
-             "), got ", scalar_type_name(cos_sin_cache.scalar_type()));
+             ": cos_sin_cache must be float32 or the dtype of q (", scalar_type_name(q.scalar_type()), "), got ",
+             scalar_type_name(cos_sin_cache.scalar_type()));
 
   check_no_overlap(kOp, "q", q, "k", k);
   check_no_overlap(kOp, "q", q, "cos_sin_cache", cos_sin_cache);
@@ -100,11 +99,12 @@ void rotary_embedding(const Tensor& positions, Tensor q, Tensor k, int64_t head_
   const int64_t max_pos = p.max_position;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t pos = p.positions[row_offset(p.pos_rows, t)];
-    KEEL_CHECK(pos >= 0 && pos < max_pos, kOp, ": positions[", t, "]=", pos,
-               " is outside cos_sin_cache's ", max_pos, " rows");
+    KEEL_CHECK(pos >= 0 && pos < max_pos, kOp, ": positions[", t, "]=", pos, " is outside cos_sin_cache's ", max_pos,
+               " rows");
   }
   const int64_t per_token = (p.q.num_heads + p.k.num_heads) * rot_dim;
-  parallel_for(p.num_tokens, grain_for(per_token), [&](int64_t b, int64_t e) { cpu::rotary_embedding_tokens(p, b, e); });
+  parallel_for(p.num_tokens, grain_for(per_token),
+               [&](int64_t b, int64_t e) { cpu::rotary_embedding_tokens(p, b, e); });
 #endif
 }
 

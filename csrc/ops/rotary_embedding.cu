@@ -9,8 +9,8 @@ namespace keel {
 namespace rotary_embedding_detail {
 
 template <typename T, typename C>
-__device__ void rotate(const RotaryTensor& t, int64_t token, const C* cos, const C* sin, int64_t cs,
-                       int64_t half, bool neox) {
+__device__ void rotate(const RotaryTensor& t, int64_t token, const C* cos, const C* sin, int64_t cs, int64_t half,
+                       bool neox) {
   T* base = static_cast<T*>(t.data) + row_offset(t.tokens, token);
   for (int64_t j = threadIdx.x; j < t.num_heads * half; j += blockDim.x) {
     const int64_t h = j / half;

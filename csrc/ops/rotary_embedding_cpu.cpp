@@ -6,8 +6,8 @@ namespace keel::KEEL_CPU_NS {
 namespace {
 
 template <typename T, typename C>
-void rotate_heads(const RotaryTensor& t, int64_t token, const C* cos, const C* sin, int64_t cs,
-                  int64_t half, bool neox) {
+void rotate_heads(const RotaryTensor& t, int64_t token, const C* cos, const C* sin, int64_t cs, int64_t half,
+                  bool neox) {
   T* base = static_cast<T*>(t.data) + row_offset(t.tokens, token);
   const int64_t e = t.elem_stride;
   for (int64_t h = 0; h < t.num_heads; ++h) {

@@ -16,8 +16,7 @@ Tensor silu_and_mul(const Tensor& x) {
   check_library_device(op, "x", x);
   const DType dt = check_float_dtype(op, "x", x);
   check_min_dim(op, "x", x, 1);
-  KEEL_CHECK(x.size(-1) % 2 == 0, op, ": x last dim must be even (gate and up halves), got shape ",
-             shape_str(x));
+  KEEL_CHECK(x.size(-1) % 2 == 0, op, ": x last dim must be even (gate and up halves), got shape ", shape_str(x));
   std::vector<int64_t> out_sizes = sizes_of(x);
   out_sizes.back() /= 2;
   Tensor out = empty_contiguous(out_sizes, dtype_code(x), x);

@@ -11,8 +11,8 @@ namespace keel {
 
 struct SiluAndMulParams {
   DType dtype;
-  void* out;          // contiguous [rows, d]
-  const void* x;      // rows via x_rows, elements every x_col
+  void* out;      // contiguous [rows, d]
+  const void* x;  // rows via x_rows, elements every x_col
   RowLayout x_rows;
   int64_t x_col;
   int64_t rows;

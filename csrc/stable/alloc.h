@@ -22,9 +22,8 @@ inline Tensor empty_contiguous(const std::vector<int64_t>& sizes, int32_t dt, co
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
   AtenTensorHandle out = nullptr;
-  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(),
-                                                  strides.data(), dt, device_type, device_index,
-                                                  &out));
+  TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dt,
+                                                  device_type, device_index, &out));
   return Tensor(out);
 }
 
@@ -35,8 +34,6 @@ inline std::vector<int64_t> sizes_of(const Tensor& t) {
 }
 
 // A new contiguous tensor with the shape, dtype and device of `t`.
-inline Tensor empty_like_contiguous(const Tensor& t) {
-  return empty_contiguous(sizes_of(t), dtype_code(t), t);
-}
+inline Tensor empty_like_contiguous(const Tensor& t) { return empty_contiguous(sizes_of(t), dtype_code(t), t); }
 
 }  // namespace keel

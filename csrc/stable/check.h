@@ -23,11 +23,11 @@ template <typename... Args>
 
 // KEEL_CHECK(cond, op, ": x must be ...", value) -> RuntimeError("keel::op: x must be ...")
 #ifndef KEEL_CHECK
-#define KEEL_CHECK(cond, ...)                     \
-  do {                                            \
-    if (__builtin_expect(!(cond), 0)) {           \
-      ::keel::detail::fail(__VA_ARGS__);          \
-    }                                             \
+#define KEEL_CHECK(cond, ...)            \
+  do {                                   \
+    if (__builtin_expect(!(cond), 0)) {  \
+      ::keel::detail::fail(__VA_ARGS__); \
+    }                                    \
   } while (0)
 #endif
 
@@ -45,40 +45,35 @@ inline DType check_float_dtype(const char* op, const char* arg, const Tensor& t,
                ", got ", scalar_type_name(t.scalar_type()));
 }
 
-inline void check_same_dtype(const char* op, const char* arg, const Tensor& t,
-                             const char* ref_arg, const Tensor& ref) {
-  KEEL_CHECK(dtype_code(t) == dtype_code(ref), op, ": ", arg, " must have the dtype of ",
-             ref_arg, " (", scalar_type_name(ref.scalar_type()), "), got ",
-             scalar_type_name(t.scalar_type()));
+inline void check_same_dtype(const char* op, const char* arg, const Tensor& t, const char* ref_arg, const Tensor& ref) {
+  KEEL_CHECK(dtype_code(t) == dtype_code(ref), op, ": ", arg, " must have the dtype of ", ref_arg, " (",
+             scalar_type_name(ref.scalar_type()), "), got ", scalar_type_name(t.scalar_type()));
 }
 
-inline void check_same_device(const char* op, const char* arg, const Tensor& t,
-                              const char* ref_arg, const Tensor& ref) {
+inline void check_same_device(const char* op, const char* arg, const Tensor& t, const char* ref_arg,
+                              const Tensor& ref) {
   int32_t tt = 0, ti = 0, rt = 0, ri = 0;
   KEEL_CHECK(aoti_torch_get_device_type(t.get(), &tt) == AOTI_TORCH_SUCCESS, op, ": ", arg,
              " must be a tensor, got an undefined tensor (None)");
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(t.get(), &ti));
   device_code(ref, &rt, &ri);
-  KEEL_CHECK(tt == rt && ti == ri, op, ": ", arg, " must be on the device of ", ref_arg, " (",
-             device_name(ref), "), got ", device_name(t));
+  KEEL_CHECK(tt == rt && ti == ri, op, ": ", arg, " must be on the device of ", ref_arg, " (", device_name(ref),
+             "), got ", device_name(t));
 }
 
 inline void check_dim(const char* op, const char* arg, const Tensor& t, int64_t dim) {
-  KEEL_CHECK(t.dim() == dim, op, ": ", arg, " must be ", dim, "-D, got ", t.dim(), "-D tensor of shape ",
-             shape_str(t));
+  KEEL_CHECK(t.dim() == dim, op, ": ", arg, " must be ", dim, "-D, got ", t.dim(), "-D tensor of shape ", shape_str(t));
 }
 
 inline void check_min_dim(const char* op, const char* arg, const Tensor& t, int64_t dim) {
-  KEEL_CHECK(t.dim() >= dim, op, ": ", arg, " must have at least ", dim, " dimension(s), got ",
-             t.dim(), "-D tensor of shape ", shape_str(t));
+  KEEL_CHECK(t.dim() >= dim, op, ": ", arg, " must have at least ", dim, " dimension(s), got ", t.dim(),
+             "-D tensor of shape ", shape_str(t));
 }
 
-inline void check_same_shape(const char* op, const char* arg, const Tensor& t,
-                             const char* ref_arg, const Tensor& ref) {
+inline void check_same_shape(const char* op, const char* arg, const Tensor& t, const char* ref_arg, const Tensor& ref) {
   bool same = t.dim() == ref.dim();
   for (int64_t i = 0; same && i < t.dim(); ++i) same = t.size(i) == ref.size(i);
-  KEEL_CHECK(same, op, ": ", arg, " must have the shape of ", ref_arg, " ", shape_str(ref), ", got ",
-             shape_str(t));
+  KEEL_CHECK(same, op, ": ", arg, " must have the shape of ", ref_arg, " ", shape_str(ref), ", got ", shape_str(t));
 }
 
 }  // namespace keel

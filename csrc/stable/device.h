@@ -32,7 +32,8 @@ class LaunchContext {
  public:
   explicit LaunchContext(const Tensor& t)
 #ifdef KEEL_CUDA_LIBRARY
-      : guard_(t.get_device_index()), stream_(current_cuda_stream(t))
+      : guard_(t.get_device_index()),
+        stream_(current_cuda_stream(t))
 #endif
   {
     (void)t;

@@ -136,7 +136,7 @@ KEEL_KINLINE float exp_f32(float x) {
   const bool nan = (float_to_bits(x) & 0x7FFFFFFFu) > 0x7F800000u;
   float xc = x < -104.0f ? -104.0f : x;
   xc = xc > 89.0f ? 89.0f : xc;
-  xc = nan ? 0.0f : xc;  // keeps the integer conversion below defined for NaN input
+  xc = nan ? 0.0f : xc;                                     // keeps the integer conversion below defined for NaN input
   const float t = xc * 1.44269504088896341f + 12582912.0f;  // round(x / ln2) via the 1.5 * 2^23 trick
   const float n = t - 12582912.0f;
   const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
@@ -160,10 +160,17 @@ KEEL_KINLINE float exp_f32(float x) {
 template <typename F>
 KEEL_KINLINE void dispatch_storage(DType dt, F&& f) {
   switch (dt) {
-    case DType::kFloat32: f(float{}); break;
-    case DType::kBFloat16: f(bf16_t{}); break;
-    case DType::kFloat16: f(f16_t{}); break;
-    case DType::kFloat64: break;  // no kernel but fused_muladd has a float64 path
+    case DType::kFloat32:
+      f(float{});
+      break;
+    case DType::kBFloat16:
+      f(bf16_t{});
+      break;
+    case DType::kFloat16:
+      f(f16_t{});
+      break;
+    case DType::kFloat64:
+      break;  // no kernel but fused_muladd has a float64 path
   }
 }
 

@@ -38,8 +38,8 @@ inline RowLayout row_layout(const char* op, const char* arg, const Tensor& t, in
     strides[0] = 0;
     n = 1;
   }
-  KEEL_CHECK(n <= RowLayout::kMaxDims, op, ": ", arg, " with shape ", shape_str(t),
-             " has more than ", RowLayout::kMaxDims, " non-mergeable leading dimensions");
+  KEEL_CHECK(n <= RowLayout::kMaxDims, op, ": ", arg, " with shape ", shape_str(t), " has more than ",
+             RowLayout::kMaxDims, " non-mergeable leading dimensions");
   l.ndim = n;
   for (int32_t i = 0; i < n; ++i) {
     l.sizes[i] = sizes[i];

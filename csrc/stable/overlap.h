@@ -83,8 +83,7 @@ inline bool may_overlap(const Tensor& a, const Tensor& b) {
 }
 
 // `a` (written in place) and `b` must not share memory.
-inline void check_no_overlap(const char* op, const char* arg_a, const Tensor& a, const char* arg_b,
-                             const Tensor& b) {
+inline void check_no_overlap(const char* op, const char* arg_a, const Tensor& a, const char* arg_b, const Tensor& b) {
   KEEL_CHECK(!may_overlap(a, b), op, ": ", arg_a, " and ", arg_b, " share memory, but ", arg_a,
              " is written in place; pass tensors that do not overlap");
 }

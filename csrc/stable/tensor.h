@@ -26,10 +26,9 @@ struct ShimCodes {
 };
 
 inline const ShimCodes& shim_codes() {
-  static const ShimCodes codes{aoti_torch_dtype_float32(), aoti_torch_dtype_bfloat16(),
-                               aoti_torch_dtype_float16(),  aoti_torch_dtype_float64(),
-                               aoti_torch_dtype_int64(),
-                               aoti_torch_device_type_cpu(), aoti_torch_device_type_cuda()};
+  static const ShimCodes codes{aoti_torch_dtype_float32(),   aoti_torch_dtype_bfloat16(), aoti_torch_dtype_float16(),
+                               aoti_torch_dtype_float64(),   aoti_torch_dtype_int64(),    aoti_torch_device_type_cpu(),
+                               aoti_torch_device_type_cuda()};
   return codes;
 }
 
@@ -49,17 +48,28 @@ inline void device_code(const Tensor& t, int32_t* type, int32_t* index) {
 // Human-readable name of a torch dtype, for error messages.
 inline std::string scalar_type_name(ScalarType t) {
   switch (t) {
-    case ScalarType::Float: return "float32";
-    case ScalarType::BFloat16: return "bfloat16";
-    case ScalarType::Half: return "float16";
-    case ScalarType::Double: return "float64";
-    case ScalarType::Long: return "int64";
-    case ScalarType::Int: return "int32";
-    case ScalarType::Short: return "int16";
-    case ScalarType::Char: return "int8";
-    case ScalarType::Byte: return "uint8";
-    case ScalarType::Bool: return "bool";
-    default: return "dtype#" + std::to_string(static_cast<int>(t));
+    case ScalarType::Float:
+      return "float32";
+    case ScalarType::BFloat16:
+      return "bfloat16";
+    case ScalarType::Half:
+      return "float16";
+    case ScalarType::Double:
+      return "float64";
+    case ScalarType::Long:
+      return "int64";
+    case ScalarType::Int:
+      return "int32";
+    case ScalarType::Short:
+      return "int16";
+    case ScalarType::Char:
+      return "int8";
+    case ScalarType::Byte:
+      return "uint8";
+    case ScalarType::Bool:
+      return "bool";
+    default:
+      return "dtype#" + std::to_string(static_cast<int>(t));
   }
 }
 

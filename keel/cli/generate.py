@@ -76,8 +76,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="prompt text (repeatable: several prompts run as one batch); '-' reads stdin",
     )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--chat", dest="chat", action="store_true", default=None,
-                      help="wrap each prompt as a user message with the chat template (default when the model has one)")
+    mode.add_argument(
+        "--chat",
+        dest="chat",
+        action="store_true",
+        default=None,
+        help="wrap each prompt as a user message with the chat template (default when the model has one)",
+    )
     mode.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt text as is, no chat template")
     p.add_argument("--no-stream", action="store_true", help="print only when done")
     p.set_defaults(func=run)

@@ -23,9 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fetch.add_argument(
         "--cache-dir", metavar="DIR", help="keel's model cache folder (default: KEEL_CACHE or ~/.cache/keel/hub)"
     )
-    fetch.add_argument(
-        "--force", action="store_true", help="convert and install again even if already installed"
-    )
+    fetch.add_argument("--force", action="store_true", help="convert and install again even if already installed")
     fetch.add_argument(
         "--remove-legacy",
         action="store_true",

@@ -19,17 +19,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="Hugging Face repo id or local folder (default: keel's demo model)")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
     p.add_argument("--served-model-name", default=None, help="the name clients pass as `model` (default: --model)")
-    p.add_argument("--dtype", default="auto", help="auto: bf16 where supported, else fp32",
-                   choices=("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16"))
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto: bf16 where supported, else fp32",
+        choices=("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16"),
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("KEEL_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on /v1/* (default: $KEEL_API_KEY)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("KEEL_API_KEY"),
+        help="require `Authorization: Bearer KEY` on /v1/* (default: $KEEL_API_KEY)",
+    )
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded together at most")
-    p.add_argument("--max-waiting", type=int, default=256,
-                   help="requests queued beyond the running batch; more are refused with 503")
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="requests queued beyond the running batch; more are refused with 503",
+    )
     p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache budget in GiB")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share KV blocks between requests")
     p.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask for")
@@ -45,16 +56,23 @@ def run(args: argparse.Namespace) -> int:
         check_bind(args.host, args.api_key)
         if not 0 <= args.port < 65536:
             raise ValueError(f"keel serve: --port must be in [0, 65535], got {args.port}")
-        limits = ServerLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens_limit,
-                              max_waiting=args.max_waiting)
+        limits = ServerLimits(
+            max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens_limit, max_waiting=args.max_waiting
+        )
         from keel.engine import LLMEngine
         from keel.hf.resolve import DEFAULT_MODEL
 
         model = args.model or DEFAULT_MODEL
-        llm = LLMEngine(model, dtype=args.dtype, device=args.device, revision=args.revision,
-                        block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                        max_kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
-                        enable_prefix_caching=not args.no_prefix_caching)
+        llm = LLMEngine(
+            model,
+            dtype=args.dtype,
+            device=args.device,
+            revision=args.revision,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            max_kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
+            enable_prefix_caching=not args.no_prefix_caching,
+        )
     except _EXPECTED_ERRORS as exc:
         msg = str(exc)
         print(msg if msg.startswith("keel serve") else f"keel serve: error: {msg}", file=sys.stderr)
@@ -65,10 +83,14 @@ def run(args: argparse.Namespace) -> int:
     engine = make_async_engine(llm, limits, args.max_num_seqs)
     try:
         app = build_app(engine, model_name=name, api_key=args.api_key, limits=limits)
-        print(f"keel serve: {name} on http://{args.host}:{args.port}/v1 "
-              f"({llm.config.architecture}, context {llm.config.max_position_embeddings})", file=sys.stderr)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="off",
-                    timeout_graceful_shutdown=5)
+        print(
+            f"keel serve: {name} on http://{args.host}:{args.port}/v1 "
+            f"({llm.config.architecture}, context {llm.config.max_position_embeddings})",
+            file=sys.stderr,
+        )
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level=args.log_level, lifespan="off", timeout_graceful_shutdown=5
+        )
     finally:
         engine.shutdown()
     return 0

@@ -72,18 +72,41 @@ def paged_attention(
         kvh, d = k_cache.shape[2:]
         ks, vs = (c.view(-1, kvh, d).index_select(0, md.context_slots) for c in (k_cache, v_cache))
         return flash_attn_varlen_func(
-            q, ks, vs, md.cu_seqlens_q, md.cu_seqlens_k, md.max_seqlen_q, md.max_seqlen_k,
-            softmax_scale=scale, causal=True, window_size=window_size,
+            q,
+            ks,
+            vs,
+            md.cu_seqlens_q,
+            md.cu_seqlens_k,
+            md.max_seqlen_q,
+            md.max_seqlen_k,
+            softmax_scale=scale,
+            causal=True,
+            window_size=window_size,
         )
     if md.is_decode:
         b, h, d = q.shape
         out = flash_attn_with_kvcache(
-            q.view(b, 1, h, d), k_cache, v_cache, cache_seqlens=md.seqused_k, block_table=md.block_tables,
-            softmax_scale=scale, causal=True, window_size=window_size,
+            q.view(b, 1, h, d),
+            k_cache,
+            v_cache,
+            cache_seqlens=md.seqused_k,
+            block_table=md.block_tables,
+            softmax_scale=scale,
+            causal=True,
+            window_size=window_size,
         )  # [B, 1, H, D]
         return out.view(b, h, d)
     return flash_attn_varlen_func(
-        q, k_cache, v_cache, md.cu_seqlens_q, md.cu_seqlens_k, md.max_seqlen_q, md.max_seqlen_k,
-        softmax_scale=scale, causal=True, window_size=window_size, block_table=md.block_tables,
+        q,
+        k_cache,
+        v_cache,
+        md.cu_seqlens_q,
+        md.cu_seqlens_k,
+        md.max_seqlen_q,
+        md.max_seqlen_k,
+        softmax_scale=scale,
+        causal=True,
+        window_size=window_size,
+        block_table=md.block_tables,
         seqused_k=md.seqused_k,
     )

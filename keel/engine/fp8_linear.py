@@ -7,8 +7,13 @@ cast once, at load time, to float8_e4m3fn with fp32 scales per row and 128-wide 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from keel.engine.cpu_linear import KeelLinear
 
 QUANTIZATIONS = ("none", "fp8")
 # DeepGEMM's scale recipes (m, n, k): (1, 128, 128) = 128x128 weight blocks (DeepSeek-V3's);
@@ -33,7 +38,10 @@ class Fp8Linear(nn.Module):
 
     Outputs have the input's dtype (bf16 or fp32: what fp8_gemm_nt writes; other dtypes go through fp32)."""
 
-    def __init__(self, linear: nn.Linear, recipe: tuple[int, int, int] = DEFAULT_RECIPE) -> None:
+    qweight: torch.Tensor  # buffers, typed for readers (register_buffer hides the type)
+    weight_scale: torch.Tensor
+
+    def __init__(self, linear: nn.Linear | KeelLinear, recipe: tuple[int, int, int] = DEFAULT_RECIPE) -> None:
         super().__init__()
         from keel.vendored import deep_gemm  # loads the vendored library only when FP8 is asked for
 

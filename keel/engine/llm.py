@@ -72,7 +72,7 @@ class LLM(LLMEngine):
 
     def _generate(self, prompts, sampling_params, stream, shuffle_blocks_seed) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]
         if not prompts:
             return []
         if self.has_unfinished_requests():

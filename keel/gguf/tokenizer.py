@@ -37,18 +37,14 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
     """A GPT-2 style byte-level BPE tokenizer from ``tokenizer.ggml.*``; other models are refused."""
     kind = gguf.require("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise GGUFError(
-            f"{gguf.path}: tokenizer.ggml.model is {kind!r}; keel converts only 'gpt2' (byte-level BPE)"
-        )
+        raise GGUFError(f"{gguf.path}: tokenizer.ggml.model is {kind!r}; keel converts only 'gpt2' (byte-level BPE)")
     tokens: list[str] = gguf.require("tokenizer.ggml.tokens")
     merges: list[str] = gguf.require("tokenizer.ggml.merges")
     types: list[int] = gguf.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens[:16]):
         raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens must be an array of strings")
     if len(types) != len(tokens):
-        raise GGUFError(
-            f"{gguf.path}: tokenizer.ggml.token_type has {len(types)} entries, expected {len(tokens)}"
-        )
+        raise GGUFError(f"{gguf.path}: tokenizer.ggml.token_type has {len(types)} entries, expected {len(tokens)}")
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens has duplicate entries")
@@ -68,12 +64,11 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     if pre in _DIGIT_SPLIT_PRE:
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     else:
         tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    # tokenizers' own stubs omit ByteLevel's keyword arguments, which the Rust class takes
+    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)  # type: ignore[call-arg]
     tok.post_processor = processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)
     tok.add_special_tokens(
         [
@@ -107,9 +102,7 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
         )
 
-    special = {
-        k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)) if v
-    }
+    special = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)) if v}
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "add_bos_token": bool(gguf.get("tokenizer.ggml.add_bos_token", False)),

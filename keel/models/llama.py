@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -164,12 +165,16 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, V]
 
+    def attention_layers(self) -> list[Attention]:
+        """Every layer's attention module (each holds its layer's K/V pools and the rope cache)."""
+        return [cast(DecoderLayer, layer).self_attn for layer in self.model.layers]
+
     def init_rope(self) -> None:
         """Build the shared cos/sin cache on the model's device and dtype (after loading)."""
         cfg, w = self.config, self.model.embed_tokens.weight
         cache = rope_cos_sin_cache(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, w.dtype, w.device)
-        for layer in self.model.layers:
-            layer.self_attn.cos_sin_cache = cache
+        for attn in self.attention_layers():
+            attn.cos_sin_cache = cache
 
     def _shard_sizes(self, fused: str) -> list[int]:
         cfg = self.config

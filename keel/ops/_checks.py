@@ -44,8 +44,10 @@ def float_dtype(op: str, arg: str, t: torch.Tensor, allowed: Sequence[torch.dtyp
 
 
 def same_dtype(op: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tensor) -> None:
-    check(t.dtype == ref.dtype, f"{op}: {arg} must have the dtype of {ref_arg} ({dtype_name(ref.dtype)}), "
-          f"got {dtype_name(t.dtype)}")
+    check(
+        t.dtype == ref.dtype,
+        f"{op}: {arg} must have the dtype of {ref_arg} ({dtype_name(ref.dtype)}), got {dtype_name(t.dtype)}",
+    )
 
 
 def same_device(op: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tensor) -> None:
@@ -68,8 +70,10 @@ def same_shape(op: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torch.Tens
 
 def not_same(op: str, arg_a: str, a: torch.Tensor, arg_b: str, b: torch.Tensor) -> None:
     """The one aliasing case a fake can see: the very same tensor passed twice."""
-    check(a is not b, f"{op}: {arg_a} and {arg_b} share memory, but {arg_a} is written in place; "
-          "pass tensors that do not overlap")
+    check(
+        a is not b,
+        f"{op}: {arg_a} and {arg_b} share memory, but {arg_a} is written in place; pass tensors that do not overlap",
+    )
 
 
 def eps(op: str, value: float) -> None:
@@ -83,5 +87,7 @@ def norm_weight(op: str, x: torch.Tensor, weight: torch.Tensor) -> None:
     min_dim(op, "x", x, 1)
     same_device(op, "weight", weight, "x", x)
     same_dtype(op, "weight", weight, "x", x)
-    check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
-          f"{op}: weight must be 1-D with {x.shape[-1]} elements (the last dim of x), got shape {shape(weight)}")
+    check(
+        weight.dim() == 1 and weight.shape[0] == x.shape[-1],
+        f"{op}: weight must be 1-D with {x.shape[-1]} elements (the last dim of x), got shape {shape(weight)}",
+    )

@@ -30,8 +30,12 @@ def reshape_and_cache(
 # checked by the kernels).
 @torch.library.register_fake("keel::reshape_and_cache")
 def _(key, value, key_cache, value_cache, slot_mapping) -> None:
-    for arg, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
-                   ("slot_mapping", slot_mapping)):
+    for arg, t in (
+        ("value", value),
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+        ("slot_mapping", slot_mapping),
+    ):
         chk.same_device(_OP, arg, t, "key", key)
     chk.float_dtype(_OP, "key", key)
     for arg, t in (("value", value), ("key_cache", key_cache), ("value_cache", value_cache)):
@@ -40,13 +44,19 @@ def _(key, value, key_cache, value_cache, slot_mapping) -> None:
     chk.same_shape(_OP, "value", value, "key", key)
     chk.dim(_OP, "key_cache", key_cache, 4)
     chk.same_shape(_OP, "value_cache", value_cache, "key_cache", key_cache)
-    chk.check(key_cache.shape[2] == key.shape[1] and key_cache.shape[3] == key.shape[2],
-              f"{_OP}: key_cache must be [num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to hold key "
-              f"{chk.shape(key)}, got {chk.shape(key_cache)}")
+    chk.check(
+        key_cache.shape[2] == key.shape[1] and key_cache.shape[3] == key.shape[2],
+        f"{_OP}: key_cache must be [num_blocks, block_size, {key.shape[1]}, {key.shape[2]}] to hold key "
+        f"{chk.shape(key)}, got {chk.shape(key_cache)}",
+    )
     chk.check(key_cache.shape[1] > 0, f"{_OP}: key_cache block_size must be positive, got shape {chk.shape(key_cache)}")
-    chk.check(slot_mapping.dtype == torch.int64,
-              f"{_OP}: slot_mapping must be int64, got {chk.dtype_name(slot_mapping.dtype)}")
-    chk.check(slot_mapping.dim() == 1 and slot_mapping.shape[0] == key.shape[0],
-              f"{_OP}: slot_mapping must be 1-D with one slot per token ({key.shape[0]}), got shape "
-              f"{chk.shape(slot_mapping)}")
+    chk.check(
+        slot_mapping.dtype == torch.int64,
+        f"{_OP}: slot_mapping must be int64, got {chk.dtype_name(slot_mapping.dtype)}",
+    )
+    chk.check(
+        slot_mapping.dim() == 1 and slot_mapping.shape[0] == key.shape[0],
+        f"{_OP}: slot_mapping must be 1-D with one slot per token ({key.shape[0]}), got shape "
+        f"{chk.shape(slot_mapping)}",
+    )
     chk.not_same(_OP, "key_cache", key_cache, "value_cache", value_cache)

@@ -24,13 +24,19 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
     chk.same_device(_OP, "weight", weight, "x", x)
     chk.same_dtype(_OP, "weight", weight, "x", x)
     k = x.shape[-1]
-    chk.check(weight.dim() == 2 and weight.shape[1] == k,
-              f"{_OP}: weight must be [N, {k}] to match x's last dim, got {chk.shape(weight)}")
-    chk.check(weight.stride(1) == 1 or k <= 1,
-              f"{_OP}: weight must have unit stride along its last dim (K), got stride {weight.stride(1)}")
+    chk.check(
+        weight.dim() == 2 and weight.shape[1] == k,
+        f"{_OP}: weight must be [N, {k}] to match x's last dim, got {chk.shape(weight)}",
+    )
+    chk.check(
+        weight.stride(1) == 1 or k <= 1,
+        f"{_OP}: weight must have unit stride along its last dim (K), got stride {weight.stride(1)}",
+    )
     if bias is not None:
         chk.same_device(_OP, "bias", bias, "x", x)
         chk.same_dtype(_OP, "bias", bias, "x", x)
-        chk.check(bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-                  f"{_OP}: bias must be [{weight.shape[0]}] to match weight's rows, got {chk.shape(bias)}")
+        chk.check(
+            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
+            f"{_OP}: bias must be [{weight.shape[0]}] to match weight's rows, got {chk.shape(bias)}",
+        )
     return x.new_empty((*x.shape[:-1], weight.shape[0]))

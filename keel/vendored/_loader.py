@@ -44,8 +44,14 @@ def load_vendored(name: str, namespace: str, ops: list[str], directory: Path | N
         raise VendoredLibraryError(
             f"keel.vendored.{name} needs torch>={floor[0]}.{floor[1]}, but torch {torch.__version__} is installed"
         )
-    status = _native.load_pair(directory or _DIR / name, namespace, ops, who=f"keel.vendored.{name}",
-                               error=VendoredLibraryError, missing="this keel was built without it")
+    status = _native.load_pair(
+        directory or _DIR / name,
+        namespace,
+        ops,
+        who=f"keel.vendored.{name}",
+        error=VendoredLibraryError,
+        missing="this keel was built without it",
+    )
     cuda_error = None if status.cuda_reason is None else f"_C_cuda.abi3.so {status.cuda_reason}"
     lib = VendoredLibrary(name, namespace, tuple(ops), status.cpu, status.cuda, cuda_error)
     _loaded[name] = lib

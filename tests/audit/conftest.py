@@ -21,14 +21,12 @@ SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "stable": ("c", SHIM + f"int keel_stable(void* t) {{ {STABLE_BODY} }}\n", ()),
     "newer": (
         "c",
-        SHIM + "extern E torch_from_blob();\n"
-        f"int keel_newer(void* t) {{ torch_from_blob(); {STABLE_BODY} }}\n",
+        SHIM + f"extern E torch_from_blob();\nint keel_newer(void* t) {{ torch_from_blob(); {STABLE_BODY} }}\n",
         (),
     ),
     "unknown": (
         "c",
-        SHIM + "extern E torch_frobnicate(void);\n"
-        f"int keel_unknown(void* t) {{ torch_frobnicate(); {STABLE_BODY} }}\n",
+        SHIM + f"extern E torch_frobnicate(void);\nint keel_unknown(void* t) {{ torch_frobnicate(); {STABLE_BODY} }}\n",
         (),
     ),
     "unstable": (
@@ -114,14 +112,12 @@ SOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
     "pyfloor": (
         "c",
-        "extern void* PyErr_GetRaisedException(void);\n"
-        "void* keel_py(void) { return PyErr_GetRaisedException(); }\n",
+        "extern void* PyErr_GetRaisedException(void);\nvoid* keel_py(void) { return PyErr_GetRaisedException(); }\n",
         (),
     ),
     "libfoo": (
         "c++",
-        "namespace c10 { struct Storage; void release(Storage&); }\n"
-        "void foo(c10::Storage& s) { c10::release(s); }\n",
+        "namespace c10 { struct Storage; void release(Storage&); }\nvoid foo(c10::Storage& s) { c10::release(s); }\n",
         ("-Wl,-soname,libfoo.so.1",),
     ),
     "plain": ("c", "int keel_plain(int x) { return x + 1; }\n", ()),
@@ -154,8 +150,13 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not shutil.which("gcc") or not shutil.which("g++"):
         pytest.skip("gcc/g++ not available to build ELF fixtures")
     d = tmp_path_factory.mktemp("elf")
-    names = {"libc10": "libc10.so", "libcudart": "libcudart.so.13", "libfoo": "libfoo.so.1",
-             "libtorch": "libtorch.so", "libtorch_cpu": "libtorch_cpu.so"}
+    names = {
+        "libc10": "libc10.so",
+        "libcudart": "libcudart.so.13",
+        "libfoo": "libfoo.so.1",
+        "libtorch": "libtorch.so",
+        "libtorch_cpu": "libtorch_cpu.so",
+    }
     with ThreadPoolExecutor(2) as pool:
         done = {k: pool.submit(_compile, d / names.get(k, f"{k}.so"), *v) for k, v in SOURCES.items()}
         out = {k: f.result() for k, f in done.items()}

@@ -106,9 +106,7 @@ def _codes(result: PackageAudit, severity: str) -> set[str]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_wheel_case(case: str, libs: dict[str, Path], tmp_path: Path) -> None:
     files, flags, verdict, code, fatal = CASES[case]
-    wheel = make_wheel(
-        tmp_path / "fixture-0.1-cp310-abi3-linux_x86_64.whl", {k: libs[v] for k, v in files.items()}
-    )
+    wheel = make_wheel(tmp_path / "fixture-0.1-cp310-abi3-linux_x86_64.whl", {k: libs[v] for k, v in files.items()})
     result = audit([wheel], **flags)
     assert (result.verdict, result.exit_code, _fatal(result)) == (verdict, code, fatal), result.render()
     assert bool(result) is (code == 0)
@@ -132,22 +130,23 @@ def test_newer_passes_at_its_own_floor(libs: dict[str, Path], tmp_path: Path) ->
 
 
 def test_python_floor_checked_against_tag(libs: dict[str, Path], tmp_path: Path) -> None:
-    low = audit(
-        [make_wheel(tmp_path / "a.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp310-abi3-linux_x86_64")]
-    )
-    high = audit(
-        [make_wheel(tmp_path / "b.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp312-abi3-linux_x86_64")]
-    )
+    low = audit([make_wheel(tmp_path / "a.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp310-abi3-linux_x86_64")])
+    high = audit([make_wheel(tmp_path / "b.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp312-abi3-linux_x86_64")])
     assert low.python_floor == "3.12" and _fatal(low) == {"python-floor-above-tag"}
     assert high.exit_code == 0
 
 
 def test_python_floor_checked_against_requires_python(libs: dict[str, Path], tmp_path: Path) -> None:
     # a cp38-abi3 tag with Requires-Python >=3.12: no Python that can install it lacks 3.12's API
-    covered = make_wheel(tmp_path / "a.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp38-abi3-linux_x86_64",
-                         requires_python=">=3.12,<3.15")
-    short = make_wheel(tmp_path / "b.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp38-abi3-linux_x86_64",
-                       requires_python=">=3.11")
+    covered = make_wheel(
+        tmp_path / "a.whl",
+        {"pkg/_e.abi3.so": libs["pyfloor"]},
+        tag="cp38-abi3-linux_x86_64",
+        requires_python=">=3.12,<3.15",
+    )
+    short = make_wheel(
+        tmp_path / "b.whl", {"pkg/_e.abi3.so": libs["pyfloor"]}, tag="cp38-abi3-linux_x86_64", requires_python=">=3.11"
+    )
     ok, bad = audit([covered]), audit([short])
     assert ok.exit_code == 0 and _codes(ok, "note") == {"python-floor-from-requires-python"}, ok.render()
     assert _fatal(bad) == {"python-floor-above-tag"} and "Requires-Python >=3.11" in bad.render()

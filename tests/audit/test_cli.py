@@ -23,9 +23,7 @@ def test_pass_prints_floor(libs: dict[str, Path], tmp_path: Path, capsys: pytest
     assert "result: PASS; torch floor 2.10" in capsys.readouterr().out
 
 
-def test_gate_failure_exit_1(
-    libs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_gate_failure_exit_1(libs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     wheel = make_wheel(tmp_path / "w.whl", {"pkg/_C.abi3.so": libs["newer"]})
     assert main([str(wheel), "--target-torch", "2.10", "--json"]) == 1
     captured = capsys.readouterr()
@@ -79,8 +77,10 @@ sys.meta_path.insert(0, Refuse())
 
 
 def test_runs_without_torch_or_keel(libs: dict[str, Path], tmp_path: Path) -> None:
-    wheel = make_wheel(tmp_path / "w-0.1-cp310-abi3-linux_x86_64.whl", {"pkg/_C.abi3.so": libs["stable"],
-                                                                       "pkg/_u.abi3.so": libs["mixed"]})
+    wheel = make_wheel(
+        tmp_path / "w-0.1-cp310-abi3-linux_x86_64.whl",
+        {"pkg/_C.abi3.so": libs["stable"], "pkg/_u.abi3.so": libs["mixed"]},
+    )
     code = _NO_TORCH + (
         "try:\n    import torch\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('guard failed')\n"
         "from keel_audit import audit\n"
@@ -102,8 +102,9 @@ def test_policy_file_and_strict(libs: dict[str, Path], tmp_path: Path, capsys: p
     assert "ERROR [dynamic-cudart]" in capsys.readouterr().out
     relaxed = tmp_path / "relaxed.json"
     strict = REPO / "audit/keel_audit/data/policy-strict.json"
-    relaxed.write_text(json.dumps({"schema": 2, "name": "relaxed", "extends": str(strict),
-                                   "severities": {"unstable": "warning"}}))
+    relaxed.write_text(
+        json.dumps({"schema": 2, "name": "relaxed", "extends": str(strict), "severities": {"unstable": "warning"}})
+    )
     assert main([str(libs["mixed"]), "--policy", str(relaxed)]) == 0
     assert "policy relaxed" in capsys.readouterr().out
     bad = tmp_path / "bad.json"

@@ -88,8 +88,9 @@ def _corrupt(data: bytes, how: str) -> bytes:
         ("string-offset", "not NUL-terminated inside"),
     ],
 )
-def test_corrupt_walks_are_bounded(libs: dict[str, Path], tmp_path: Path, how: str, message: str,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_corrupt_walks_are_bounded(
+    libs: dict[str, Path], tmp_path: Path, how: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = _corrupt(libs["vector"].read_bytes(), how)
     with pytest.raises(ElfFormatError, match=message):
         read_elf(bad)

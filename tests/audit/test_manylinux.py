@@ -29,11 +29,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 # stub soname -> {version: [symbols]} (a version node per entry, in order)
 STUBS = {
-    "libc.so.6": {"GLIBC_2.5": ["k_glibc_2_5"], "GLIBC_2.17": ["k_glibc_2_17"], "GLIBC_2.32": ["k_glibc_2_32"],
-                  "GLIBC_2.34": ["k_glibc_2_34"], "GLIBC_PRIVATE": ["k_glibc_private"]},
-    "libstdc++.so.6": {"GLIBCXX_3.4.29": ["k_cxx_3_4_29"], "GLIBCXX_3.4.30": ["k_cxx_3_4_30"],
-                       "GLIBCXX_3.4.99": ["k_cxx_3_4_99"], "CXXABI_1.3.13": ["k_abi_1_3_13"],
-                       "CXXABI_TM_1": ["k_abi_tm_1"]},
+    "libc.so.6": {
+        "GLIBC_2.5": ["k_glibc_2_5"],
+        "GLIBC_2.17": ["k_glibc_2_17"],
+        "GLIBC_2.32": ["k_glibc_2_32"],
+        "GLIBC_2.34": ["k_glibc_2_34"],
+        "GLIBC_PRIVATE": ["k_glibc_private"],
+    },
+    "libstdc++.so.6": {
+        "GLIBCXX_3.4.29": ["k_cxx_3_4_29"],
+        "GLIBCXX_3.4.30": ["k_cxx_3_4_30"],
+        "GLIBCXX_3.4.99": ["k_cxx_3_4_99"],
+        "CXXABI_1.3.13": ["k_abi_1_3_13"],
+        "CXXABI_TM_1": ["k_abi_tm_1"],
+    },
     "libgcc_s.so.1": {"GCC_3.0": ["k_gcc_3_0"], "GCC_12.0.0": ["k_gcc_12_0_0"]},
     "ld-linux-x86-64.so.2": {"GLIBC_2.35": ["k_ld_2_35"]},
 }
@@ -66,25 +75,52 @@ def versioned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (d / f"{soname}.map").write_text(script)
         src = d / f"{soname}.c"
         src.write_text("".join(f"void {s}(void) {{}}\n" for syms in nodes.values() for s in syms))
-        subprocess.run(["gcc", "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{soname}",
-                        f"-Wl,--version-script,{d / f'{soname}.map'}", "-o", str(d / soname), str(src)],
-                       check=True)
+        subprocess.run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                "-nostdlib",
+                f"-Wl,-soname,{soname}",
+                f"-Wl,--version-script,{d / f'{soname}.map'}",
+                "-o",
+                str(d / soname),
+                str(src),
+            ],
+            check=True,
+        )
     owner = {s: soname for soname, nodes in STUBS.items() for syms in nodes.values() for s in syms}
     out = {}
     for name, calls in USERS.items():
         src = d / f"{name}.c"
-        src.write_text("".join(f"extern void {s}(void);\n" for s in calls)
-                       + f"void keel_{name}(void) {{ {' '.join(f'{s}();' for s in calls)} }}\n")
+        src.write_text(
+            "".join(f"extern void {s}(void);\n" for s in calls)
+            + f"void keel_{name}(void) {{ {' '.join(f'{s}();' for s in calls)} }}\n"
+        )
         stubs = [f"-l:{soname}" for soname in dict.fromkeys(owner[s] for s in calls)]
-        subprocess.run(["gcc", "-shared", "-fPIC", "-nostdlib", "-o", str(d / f"{name}.so"), str(src),
-                        f"-L{d}", "-Wl,--no-as-needed", *stubs], check=True)
+        subprocess.run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                "-nostdlib",
+                "-o",
+                str(d / f"{name}.so"),
+                str(src),
+                f"-L{d}",
+                "-Wl,--no-as-needed",
+                *stubs,
+            ],
+            check=True,
+        )
         out[name] = d / f"{name}.so"
     return out
 
 
 def _wheel(tmp_path: Path, lib: Path, plat: str) -> Path:
-    return make_wheel(tmp_path / f"fixture-0.1-cp310-abi3-{plat}.whl", {"pkg/_ext.abi3.so": lib},
-                      tag=f"cp310-abi3-{plat}")
+    return make_wheel(
+        tmp_path / f"fixture-0.1-cp310-abi3-{plat}.whl", {"pkg/_ext.abi3.so": lib}, tag=f"cp310-abi3-{plat}"
+    )
 
 
 def _errors(result) -> set[str]:
@@ -196,8 +232,11 @@ def test_auditwheel_agrees(versioned: dict[str, Path]) -> None:
         theirs = policies.versioned_symbols_policy(needs).name
         ours = audit([str(path)]).libraries[0].manylinux_floor
         # auditwheel calls a library that needs no version manylinux_2_5 (nothing bounds it); keel: no floor
-        expected = "linux_x86_64" if name in UNKNOWN else (
-            "manylinux_2_5_x86_64" if ours is None else f"manylinux_{ours.replace('.', '_')}_x86_64")
+        expected = (
+            "linux_x86_64"
+            if name in UNKNOWN
+            else ("manylinux_2_5_x86_64" if ours is None else f"manylinux_{ours.replace('.', '_')}_x86_64")
+        )
         assert theirs == expected, name
 
 
@@ -221,11 +260,23 @@ def test_committed_table_is_the_generators_output() -> None:
 def test_generator_skips_non_numeric_versions(tmp_path: Path) -> None:
     policies = [
         {"name": "linux", "symbol_versions": {}},
-        {"name": "manylinux_2_17", "symbol_versions": {"x86_64": {
-            "GLIBC": ["2.2.5", "2.17", "2.9"], "GLIBCXX": ["3.4", "3.4.19", "3.4.9"],
-            "CXXABI": ["1.3", "TM_1", "1.3.7"], "GCC": ["3.0", "4.8.0"]}}},
-        {"name": "manylinux_2_5", "symbol_versions": {"x86_64": {
-            "GLIBC": ["2.5"], "GLIBCXX": ["3.4.8"], "CXXABI": ["1.3.1"], "GCC": ["4.2.0"]}}},
+        {
+            "name": "manylinux_2_17",
+            "symbol_versions": {
+                "x86_64": {
+                    "GLIBC": ["2.2.5", "2.17", "2.9"],
+                    "GLIBCXX": ["3.4", "3.4.19", "3.4.9"],
+                    "CXXABI": ["1.3", "TM_1", "1.3.7"],
+                    "GCC": ["3.0", "4.8.0"],
+                }
+            },
+        },
+        {
+            "name": "manylinux_2_5",
+            "symbol_versions": {
+                "x86_64": {"GLIBC": ["2.5"], "GLIBCXX": ["3.4.8"], "CXXABI": ["1.3.1"], "GCC": ["4.2.0"]}
+            },
+        },
     ]
     table = json.loads(_generator().render(_generator().build_table(policies, "test")))
     assert table["policies"]["x86_64"] == {

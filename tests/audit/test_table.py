@@ -33,8 +33,9 @@ def _installed_torch() -> tuple[str, Path] | None:
 def _exports(lib: Path) -> set[str]:
     """Defined dynamic symbols of `lib` by `nm -D --defined-only`, else pyelftools' own iteration."""
     if shutil.which("nm"):
-        out = subprocess.run(["nm", "-D", "--defined-only", "--format=posix", str(lib)],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["nm", "-D", "--defined-only", "--format=posix", str(lib)], capture_output=True, text=True, check=True
+        ).stdout
         return {line.split()[0].split("@")[0] for line in out.splitlines() if line.strip()}
     with open(lib, "rb") as fh:
         dynsym = ELFFile(fh).get_section_by_name(".dynsym")

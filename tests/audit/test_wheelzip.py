@@ -93,8 +93,14 @@ def _watch_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(builtins, "open", watched_open)
     monkeypatch.setattr(io, "open", watched_open)
     monkeypatch.setattr(os, "open", watched_os_open)
-    for name in ("mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile", "SpooledTemporaryFile",
-                 "TemporaryDirectory"):
+    for name in (
+        "mkstemp",
+        "mkdtemp",
+        "NamedTemporaryFile",
+        "TemporaryFile",
+        "SpooledTemporaryFile",
+        "TemporaryDirectory",
+    ):
         monkeypatch.setattr(tempfile, name, refused(name))
     return writes
 
@@ -114,7 +120,9 @@ def test_large_member_streamed_not_extracted(
 
 def test_isal_and_zlib_inflate_alike(libs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # ISA-L is optional: the zlib fallback must give the same audit, wheel members read by threads
-    wheel = make_wheel(tmp_path / "w.whl", {f"pkg/_{i}.abi3.so": libs[k] for i, k in enumerate(("stable", "mixed", "vector"))})
+    wheel = make_wheel(
+        tmp_path / "w.whl", {f"pkg/_{i}.abi3.so": libs[k] for i, k in enumerate(("stable", "mixed", "vector"))}
+    )
     first = audit([wheel])
     monkeypatch.setattr(wheelzip, "_inflate_lib", zlib)
     monkeypatch.setattr(wheelzip, "CHUNK", 1000)

@@ -62,8 +62,13 @@ def run_case(ctx_lens, new_lens, heads, kv_heads, window, block_size, head_dim=1
         max_seqlen_k=max(ctx_lens),
     )
     if block_size % PAGE_MULTIPLE:
-        md.context_slots = torch.tensor([t[p // block_size] * block_size + p % block_size
-                                         for t, n in zip(tables, ctx_lens, strict=True) for p in range(n)])
+        md.context_slots = torch.tensor(
+            [
+                t[p // block_size] * block_size + p % block_size
+                for t, n in zip(tables, ctx_lens, strict=True)
+                for p in range(n)
+            ]
+        )
     out = paged_attention(torch.cat(qs), torch.cat(ks), torch.cat(vs), k_cache, v_cache, md, window=window)
     ref = torch.cat([reference(q, k, v, window) for q, k, v in full])
     assert out.shape == ref.shape

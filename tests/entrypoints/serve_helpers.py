@@ -32,8 +32,15 @@ def make_engine(folder: Path, **kwargs: Any) -> Any:
     """The real engine over the tiny checkpoint: fp32 on CPU, 4-token blocks, a small KV budget."""
     from keel.engine import LLMEngine
 
-    return LLMEngine(str(folder), dtype="float32", device="cpu", block_size=BLOCK_SIZE, progress=False,
-                     max_kv_cache_bytes=KV_BLOCKS * kv_bytes_per_block(folder), **kwargs)
+    return LLMEngine(
+        str(folder),
+        dtype="float32",
+        device="cpu",
+        block_size=BLOCK_SIZE,
+        progress=False,
+        max_kv_cache_bytes=KV_BLOCKS * kv_bytes_per_block(folder),
+        **kwargs,
+    )
 
 
 def kv_bytes_per_block(folder: Path) -> int:
@@ -63,8 +70,9 @@ class Served:
     def client(self, **kwargs: Any) -> Any:
         import openai
 
-        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=kwargs.pop("api_key", "unused"),
-                             max_retries=0, **kwargs)
+        return openai.OpenAI(
+            base_url=self.base_url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0, **kwargs
+        )
 
     def async_client(self, **kwargs: Any) -> Any:
         import openai
@@ -93,9 +101,13 @@ class Served:
             if idle and m["keel_num_requests_waiting"] == 0 and self.engine.num_open == 0:
                 return m
             if time.monotonic() > deadline:
-                gauges = {k.removeprefix("keel_"): m[k] for k in ("keel_kv_cache_blocks_used", "keel_num_requests_running",
-                                                                   "keel_num_requests_waiting")}
-                raise AssertionError(f"server not idle after {timeout} s: {gauges}, open streams {self.engine.num_open}")
+                gauges = {
+                    k.removeprefix("keel_"): m[k]
+                    for k in ("keel_kv_cache_blocks_used", "keel_num_requests_running", "keel_num_requests_waiting")
+                }
+                raise AssertionError(
+                    f"server not idle after {timeout} s: {gauges}, open streams {self.engine.num_open}"
+                )
             time.sleep(0.02)
 
     def server_tasks(self) -> int:

@@ -43,8 +43,16 @@ def test_completion_matches_offline_generate(served, offline):
 def test_completion_stream_equals_non_stream(served):
     client = served.client()
     whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0)
-    chunks = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.choices[0].text
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -66,9 +74,16 @@ def test_chat_matches_offline_chat(served, offline):
 def test_chat_stream_equals_non_stream(served):
     client = served.client()
     whole = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=0)
-    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12,
-                                                 temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=MESSAGES,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -78,14 +93,17 @@ def test_chat_stream_equals_non_stream(served):
 
 def test_raw_sse_ends_with_done(served):
     body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "stream": True}
-    req = urllib.request.Request(served.base_url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        served.base_url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")
         events = [e for e in resp.read().decode().split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
-    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
     assert chunks[-1]["choices"][0]["delta"] == {} and chunks[-1]["choices"][0]["finish_reason"]
 
@@ -122,8 +140,9 @@ def test_models_and_health(served):
 
 def test_metrics_count_tokens_and_first_tokens(served):
     before = served.metrics()
-    r = served.client().completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, temperature=0,
-                                           extra_body={"ignore_eos": True})
+    r = served.client().completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     after = served.wait_idle()
     assert r.usage.completion_tokens == 5
     gen = "keel_generation_tokens_total"
@@ -131,6 +150,9 @@ def test_metrics_count_tokens_and_first_tokens(served):
     assert after["keel_prompt_tokens_total"] > before["keel_prompt_tokens_total"]
     ttft = "keel_time_to_first_token_seconds_count"
     assert after[ttft] - before[ttft] == 1
-    assert after['keel_request_success_total{finished_reason="length"}'] - \
-        before['keel_request_success_total{finished_reason="length"}'] == 1
+    assert (
+        after['keel_request_success_total{finished_reason="length"}']
+        - before['keel_request_success_total{finished_reason="length"}']
+        == 1
+    )
     assert after["keel_kv_cache_blocks_total"] > 0

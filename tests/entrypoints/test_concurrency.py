@@ -15,22 +15,31 @@ from serve_helpers import MODEL_NAME, needs_ops
 pytestmark = needs_ops
 
 SENTENCES = [
-    "The quick brown fox", "Paged attention stores", "keel builds one wheel", "Hello world! Numbers",
-    "def f(x):", "The lazy dog", "fixed-size blocks", "survives torch upgrades",
+    "The quick brown fox",
+    "Paged attention stores",
+    "keel builds one wheel",
+    "Hello world! Numbers",
+    "def f(x):",
+    "The lazy dog",
+    "fixed-size blocks",
+    "survives torch upgrades",
 ]
 PROMPTS = [f"{SENTENCES[i % 8]} {i}" for i in range(16)]
 
 
 async def stream_text(client: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> str:
-    stream = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens,
-                                             temperature=0, stream=True)
+    stream = await client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True
+    )
     return "".join([c.choices[0].text async for c in stream if c.choices])
 
 
 def test_16_concurrent_streams_match_their_alone_text(served, steps):
     client = served.client()
-    alone = [client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=16, temperature=0).choices[0].text
-             for p in PROMPTS]
+    alone = [
+        client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=16, temperature=0).choices[0].text
+        for p in PROMPTS
+    ]
     steps.delay_s = 0.005  # keep early requests running while the others arrive
 
     async def together() -> list[str]:
@@ -58,8 +67,14 @@ def open_raw_stream(base_url: str, body: dict) -> http.client.HTTPConnection:
 def test_disconnect_mid_stream_aborts_and_frees_blocks(served, steps):
     steps.delay_s = 0.02  # a full answer would take >= 100 steps = 2 s
     before = served.metrics()
-    body = {"model": MODEL_NAME, "prompt": "Paged attention", "max_tokens": 100, "temperature": 0,
-            "stream": True, "ignore_eos": True}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": "Paged attention",
+        "max_tokens": 100,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     conns = [open_raw_stream(served.base_url, body) for _ in range(4)]
     assert served.metrics()["keel_kv_cache_blocks_used"] > 0
     t0 = time.monotonic()
@@ -76,8 +91,9 @@ def test_client_timeout_on_non_stream_aborts(served, steps):
     steps.delay_s = 0.02
     before = served.metrics()
     with pytest.raises(openai.APITimeoutError):
-        served.client(timeout=0.3).completions.create(model=MODEL_NAME, prompt="hi", max_tokens=100,
-                                                      extra_body={"ignore_eos": True})
+        served.client(timeout=0.3).completions.create(
+            model=MODEL_NAME, prompt="hi", max_tokens=100, extra_body={"ignore_eos": True}
+        )
     after = served.wait_idle(timeout=20)
     assert after["keel_request_aborted_total"] - before["keel_request_aborted_total"] == 1
     assert after["keel_generation_tokens_total"] - before["keel_generation_tokens_total"] < 100
@@ -87,8 +103,10 @@ def test_200_requests_with_random_aborts_leak_nothing(served):
     rng = random.Random(0)
     before = served.metrics()
     base_tasks = served.server_tasks()
-    plans = [(rng.choice(["complete", "chat", "break", "timeout"]), rng.randint(1, 24), rng.randint(0, 6))
-             for _ in range(200)]
+    plans = [
+        (rng.choice(["complete", "chat", "break", "timeout"]), rng.randint(1, 24), rng.randint(0, 6))
+        for _ in range(200)
+    ]
 
     async def one(client: openai.AsyncOpenAI, gate: asyncio.Semaphore, kind: str, max_tokens: int, k: int) -> str:
         async with gate:
@@ -96,16 +114,24 @@ def test_200_requests_with_random_aborts_leak_nothing(served):
             if kind == "timeout":
                 try:
                     await client.with_options(timeout=0.001 * (k + 1)).completions.create(
-                        model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0.8, seed=k)
+                        model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0.8, seed=k
+                    )
                 except openai.APITimeoutError:
                     return "aborted"
                 return "done"
             if kind == "chat":
                 r = await client.chat.completions.create(
-                    model=MODEL_NAME, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens)
+                    model=MODEL_NAME, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens
+                )
                 return "done" if r.choices[0].finish_reason else "?"
-            stream = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens,
-                                                     temperature=0, stream=True, extra_body={"ignore_eos": True})
+            stream = await client.completions.create(
+                model=MODEL_NAME,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             n = 0
             async for _chunk in stream:
                 n += 1

@@ -18,8 +18,9 @@ LONG = "keel builds one wheel that survives torch upgrades. " * 40  # far beyond
 
 
 def post(base_url: str, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(base_url + path, data=body,
-                                 headers={"content-type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        base_url + path, data=body, headers={"content-type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -64,8 +65,10 @@ def test_completion_bad_request_400(served, kwargs, param, needle):
         (dict(messages=[]), "messages"),
         (dict(messages=[{"role": "wizard", "content": "hi"}]), "role"),
         (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), "type"),
-        (dict(messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "f"}}]),
-         "tools is not supported"),
+        (
+            dict(messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "f"}}]),
+            "tools is not supported",
+        ),
         (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=4, max_completion_tokens=5), "disagree"),
     ],
 )
@@ -78,8 +81,9 @@ def test_chat_bad_request_400(served, kwargs, needle):
 @pytest.mark.parametrize("stream", [False, True])
 def test_unknown_model_404(served, stream):
     with pytest.raises(openai.NotFoundError) as info:
-        served.client().chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}],
-                                                stream=stream)
+        served.client().chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=stream
+        )
     err = error_of(info.value)
     assert err["code"] == "model_not_found" and err["param"] == "model" and "gpt-4o" in err["message"]
     with pytest.raises(openai.NotFoundError):
@@ -109,15 +113,15 @@ def test_overloaded_503_then_recovers(tiny_model):
     """A bounded queue: with 1 running + 1 waiting admitted, a third concurrent request gets 503."""
     from keel.entrypoints.openai.api_server import ServerLimits
 
-
     served = start_server(tiny_model, engine_kwargs={"max_num_seqs": 1}, limits=ServerLimits(max_waiting=1))
     control = StepControl(served.engine.engine)
     try:
         control.pause()  # the first step blocks: both admitted requests stay in flight
         results: list = []
         kw = dict(model=MODEL_NAME, prompt="hi", max_tokens=4, temperature=0)
-        workers = [threading.Thread(target=lambda: results.append(served.client().completions.create(**kw)))
-                   for _ in range(2)]
+        workers = [
+            threading.Thread(target=lambda: results.append(served.client().completions.create(**kw))) for _ in range(2)
+        ]
         for w in workers:
             w.start()
         deadline = time.monotonic() + 10

@@ -33,14 +33,23 @@ def rms_norm(rng: random.Random, torch: Any, device: str, dtype: Any) -> list[An
 def fused_add_rms_norm(rng: random.Random, torch: Any, device: str, dtype: Any) -> list[Any]:
     h = rng.choice((1, 8, 64))
     rows = rng.choice((1, 3))
-    return [_t(torch, (rows, h), device, dtype), _t(torch, (rows, h), device, dtype), _t(torch, (h,), device, dtype), 1e-5]
+    return [
+        _t(torch, (rows, h), device, dtype),
+        _t(torch, (rows, h), device, dtype),
+        _t(torch, (h,), device, dtype),
+        1e-5,
+    ]
 
 
 def rotary_embedding(rng: random.Random, torch: Any, device: str, dtype: Any) -> list[Any]:
     t, hs = rng.choice((1, 4)), rng.choice((8, 16))
     positions = torch.randint(0, 16, (t,)).to(device)
     qkv = _t(torch, (t, 4 * hs), device, dtype)
-    q, k = (qkv[:, : 2 * hs], qkv[:, 2 * hs :]) if rng.random() < 0.5 else (qkv[:, : 2 * hs].clone(), _t(torch, (t, hs), device, dtype))
+    q, k = (
+        (qkv[:, : 2 * hs], qkv[:, 2 * hs :])
+        if rng.random() < 0.5
+        else (qkv[:, : 2 * hs].clone(), _t(torch, (t, hs), device, dtype))
+    )
     return [positions, q, k, hs, _cos_sin(torch, 16, hs, device, torch.float32), rng.random() < 0.5]
 
 
@@ -51,9 +60,13 @@ def silu_and_mul(rng: random.Random, torch: Any, device: str, dtype: Any) -> lis
 def reshape_and_cache(rng: random.Random, torch: Any, device: str, dtype: Any) -> list[Any]:
     t, kv, d, blocks, bs = rng.choice((1, 3)), 2, 8, 2, 4
     slots = torch.tensor(rng.sample(range(-1, blocks * bs), t)).to(device)
-    return [_t(torch, (t, kv, d), device, dtype), _t(torch, (t, kv, d), device, dtype),
-            torch.zeros(blocks, bs, kv, d, dtype=dtype, device=device),
-            torch.zeros(blocks, bs, kv, d, dtype=dtype, device=device), slots]
+    return [
+        _t(torch, (t, kv, d), device, dtype),
+        _t(torch, (t, kv, d), device, dtype),
+        torch.zeros(blocks, bs, kv, d, dtype=dtype, device=device),
+        torch.zeros(blocks, bs, kv, d, dtype=dtype, device=device),
+        slots,
+    ]
 
 
 def linear(rng: random.Random, torch: Any, device: str, dtype: Any) -> list[Any]:

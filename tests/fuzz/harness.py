@@ -45,8 +45,9 @@ class Case:
 # ---------------------------------------------------------------- case building (in the worker)
 
 
-def _tensor(rng: random.Random, torch: Any, device: str, dtype: str | None = None,
-            shape: tuple[int, ...] | None = None) -> Any:
+def _tensor(
+    rng: random.Random, torch: Any, device: str, dtype: str | None = None, shape: tuple[int, ...] | None = None
+) -> Any:
     """A random tensor: dtype, rank 0-4, sizes (0 included), layout, and odd values."""
     dt = getattr(torch, dtype or rng.choice(DTYPES))
     if shape is None:
@@ -83,8 +84,9 @@ def _fill(rng: random.Random, torch: Any, t: Any, layout: float) -> Any:
     return t
 
 
-def _mutate(rng: random.Random, torch: Any, schema_args: list[tuple[str, str]], args: list[Any],
-            device: str) -> list[Any]:
+def _mutate(
+    rng: random.Random, torch: Any, schema_args: list[tuple[str, str]], args: list[Any], device: str
+) -> list[Any]:
     args = list(args)
     for _ in range(rng.randint(1, 3)):
         i = rng.randrange(len(args))
@@ -215,8 +217,7 @@ class Report:
             self.defects.append((case, outcome, detail))
 
     def summary(self) -> str:
-        lines = [f"{sum(self.counts.values())} cases: " + ", ".join(
-            f"{k} {self.counts.get(k, 0)}" for k in OUTCOMES)]
+        lines = [f"{sum(self.counts.values())} cases: " + ", ".join(f"{k} {self.counts.get(k, 0)}" for k in OUTCOMES)]
         for op, c in sorted(self.per_op.items()):
             lines.append(f"  {op:32s} " + " ".join(f"{k}={c.get(k, 0)}" for k in OUTCOMES))
         for case, outcome, detail in self.defects[:20]:
@@ -229,9 +230,15 @@ class Worker:
 
     def __init__(self) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     cwd=Path(__file__).parent)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=Path(__file__).parent,
+        )
         ready = self._read(120.0)
         if ready is None or not ready.get("ready"):
             raise RuntimeError(f"fuzz worker did not start: {self.stderr_tail()}")

@@ -86,11 +86,7 @@ def quantize_q4_1(x: np.ndarray) -> bytes:
     lo, hi = b.min(axis=1, keepdims=True), b.max(axis=1, keepdims=True)
     d = ((hi - lo) / 15).astype(np.float16)
     m = lo.astype(np.float16)
-    q = (
-        np.round((b - m.astype(np.float32)) / np.where(d == 0, 1, d).astype(np.float32))
-        .clip(0, 15)
-        .astype(np.uint8)
-    )
+    q = np.round((b - m.astype(np.float32)) / np.where(d == 0, 1, d).astype(np.float32)).clip(0, 15).astype(np.uint8)
     packed = q[:, :16] | (q[:, 16:] << 4)
     return b"".join(d[i].tobytes() + m[i].tobytes() + packed[i].tobytes() for i in range(len(b)))
 
@@ -118,11 +114,7 @@ def dequant_reference(data: bytes, ttype: int, n: int) -> np.ndarray:
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:

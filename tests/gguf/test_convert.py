@@ -62,9 +62,7 @@ def test_checkpoint_loads_in_transformers(tmp_path):
     assert tok.encode("<|im_start|>he<|im_end|>") == [1, model.tokens.index("he"), 2]
     assert tok.encode(" the") == [model.tokens.index("Ġthe")]
     assert tok.decode(tok.encode("héllo 42 wörld")) == "héllo 42 wörld"
-    prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -101,8 +99,11 @@ def test_unknown_pre_tokenizer_is_a_clear_error(tmp_path, pre):
     model.spec.metadata[i] = ("tokenizer.ggml.pre", model.spec.metadata[i][1], pre)
     with (
         read_gguf(write_gguf(tmp_path / "p.gguf", model.spec)) as g,
-        pytest.raises(GGUFError, match=rf"tokenizer\.ggml\.pre is '{pre}', a pre-tokenizer keel does not reproduce; "
-                      r"supported: gpt2, default, smollm"),
+        pytest.raises(
+            GGUFError,
+            match=rf"tokenizer\.ggml\.pre is '{pre}', a pre-tokenizer keel does not reproduce; "
+            r"supported: gpt2, default, smollm",
+        ),
     ):
         build_tokenizer(g)
 

@@ -87,8 +87,11 @@ def test_keel_ids_never_go_to_the_hub(caches, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", boom)
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    with pytest.raises(ModelNotFoundError, match=r"keel's model cache .*never fetched from the Hugging Face Hub.*"
-                       "fetch-demo"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"keel's model cache .*never fetched from the Hugging Face Hub.*"
+        "fetch-demo",
+    ):
         resolve_model(REPO)
 
 
@@ -176,7 +179,5 @@ def test_cli_prints_location_and_usage(caches, tmp_path, tiny, capsys):
     assert f"KEEL_CACHE={cache} keel generate --prompt" in out
     assert main(["models", "fetch-demo", "--gguf", str(tiny), "--cache-dir", str(cache)]) == 0
     assert "already installed" in capsys.readouterr().out
-    assert (
-        main(["models", "fetch-demo", "--gguf", str(tmp_path / "nope.gguf"), "--cache-dir", str(cache)]) == 1
-    )
+    assert main(["models", "fetch-demo", "--gguf", str(tmp_path / "nope.gguf"), "--cache-dir", str(cache)]) == 1
     assert "no such GGUF file" in capsys.readouterr().err

@@ -9,9 +9,7 @@ from gguf_synth import T_Q4_1, T_Q8_0, dequant_reference, quantize_q4_1, quantiz
 from keel.gguf.quants import GGMLType, dequantize, tensor_nbytes
 
 
-@pytest.mark.parametrize(
-    ("ggml_type", "quantize"), [(GGMLType.Q8_0, quantize_q8_0), (GGMLType.Q4_1, quantize_q4_1)]
-)
+@pytest.mark.parametrize(("ggml_type", "quantize"), [(GGMLType.Q8_0, quantize_q8_0), (GGMLType.Q4_1, quantize_q4_1)])
 def test_block_quants_match_reference(ggml_type, quantize):
     x = np.random.default_rng(1).normal(0, 1, (4, 64)).astype(np.float32)
     data = quantize(x)

@@ -27,9 +27,7 @@ def test_matches_transformers_gguf_loader(smollm2_fp32):
 
     ids = torch.tensor([tok.encode(prompt)])
     ours = transformers.AutoModelForCausalLM.from_pretrained(smollm2_fp32, dtype=torch.float32).eval()
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32
-    )
+    ref = transformers.AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32)
     with torch.no_grad():
         diff = (ours(ids).logits - ref.eval()(ids).logits).abs().max().item()
     assert diff < 1e-3, f"max abs logit difference {diff}"
@@ -64,16 +62,18 @@ def test_bf16_parity_with_transformers_bf16(smollm2_fp32):
     from keel import LLM, SamplingParams
 
     tok = transformers.AutoTokenizer.from_pretrained(smollm2_fp32)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "List three prime numbers."}],
-                                     tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "List three prime numbers."}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok.encode(prompt)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(smollm2_fp32, dtype=torch.bfloat16,
-                                                           attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_fp32, dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
     llm = LLM(str(smollm2_fp32), dtype="bf16", device="cpu")
     out = llm.generate([ids], SamplingParams(max_tokens=24))[0].token_ids
     with torch.no_grad():
         logits = hf(torch.tensor([ids + out])).logits[0].float()
-        ref_tokens = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):]
+        ref_tokens = hf.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids) :]
     got = keel_prompt_logits(llm, ids).float()  # keel's all-position prompt logits
     diff = (got - logits[: len(ids)]).abs()
     assert diff.max().item() <= REAL_BF16_ATOL and diff.mean().item() <= REAL_BF16_MEAN, (diff.max(), diff.mean())

@@ -29,9 +29,18 @@ def _inputs():
     inv = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
     freqs = torch.outer(torch.arange(16).float(), inv)
     cache = torch.cat([freqs.cos(), freqs.sin()], -1)
-    return (torch.randn(5, 64, generator=g), torch.randn(5, 64, generator=g), torch.randn(64, generator=g),
-            torch.arange(5), cache, torch.randn(64, 64, generator=g) * 0.1, torch.randn(64, generator=g),
-            torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8), torch.tensor([0, 5, -1, 6, 11]))
+    return (
+        torch.randn(5, 64, generator=g),
+        torch.randn(5, 64, generator=g),
+        torch.randn(64, generator=g),
+        torch.arange(5),
+        cache,
+        torch.randn(64, 64, generator=g) * 0.1,
+        torch.randn(64, generator=g),
+        torch.zeros(3, 4, 2, 8),
+        torch.zeros(3, 4, 2, 8),
+        torch.tensor([0, 5, -1, 6, 11]),
+    )
 
 
 def test_block_uses_every_op():

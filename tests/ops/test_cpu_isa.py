@@ -63,15 +63,17 @@ def test_rounding_matches_torch_bit_for_bit(isa, tmp_path):
     if isa is not None:
         env["KEEL_CPU_ISA"] = isa
     # cwd outside the checkout: `python -c` puts the working directory first on sys.path
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr
 
 
 def test_unknown_isa_is_refused_at_import(tmp_path):
     env = dict(os.environ, KEEL_CPU_ISA="avx9000")
-    out = subprocess.run([sys.executable, "-c", "import keel"], env=env, capture_output=True, text=True,
-                         timeout=120, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", "import keel"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert out.returncode != 0
     assert "KEEL_CPU_ISA='avx9000'" in out.stderr and "auto, base, avx2" in out.stderr, out.stderr
 

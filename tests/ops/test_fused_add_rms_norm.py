@@ -44,10 +44,30 @@ def test_opcheck():
 @pytest.mark.parametrize(
     "x, res, w, match",
     [
-        (torch.randn(3, 8), torch.randn(3, 7), torch.randn(8), r"keel::fused_add_rms_norm: residual must have the shape of x \[3, 8\], got \[3, 7\]"),
-        (torch.randn(3, 8), torch.randn(3, 8).half(), torch.randn(8), r"keel::fused_add_rms_norm: residual must have the dtype of x"),
-        (torch.randn(3, 8), torch.randn(3, 8), torch.randn(9), r"keel::fused_add_rms_norm: weight must be 1-D with 8 elements"),
-        (torch.randn(1, 8).expand(3, 8), torch.randn(3, 8), torch.randn(8), r"keel::fused_add_rms_norm: x is written in place but has overlapping elements"),
+        (
+            torch.randn(3, 8),
+            torch.randn(3, 7),
+            torch.randn(8),
+            r"keel::fused_add_rms_norm: residual must have the shape of x \[3, 8\], got \[3, 7\]",
+        ),
+        (
+            torch.randn(3, 8),
+            torch.randn(3, 8).half(),
+            torch.randn(8),
+            r"keel::fused_add_rms_norm: residual must have the dtype of x",
+        ),
+        (
+            torch.randn(3, 8),
+            torch.randn(3, 8),
+            torch.randn(9),
+            r"keel::fused_add_rms_norm: weight must be 1-D with 8 elements",
+        ),
+        (
+            torch.randn(1, 8).expand(3, 8),
+            torch.randn(3, 8),
+            torch.randn(8),
+            r"keel::fused_add_rms_norm: x is written in place but has overlapping elements",
+        ),
     ],
 )
 def test_bad_inputs(x, res, w, match):

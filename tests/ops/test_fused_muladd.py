@@ -87,11 +87,18 @@ def test_opcheck():
 @pytest.mark.parametrize(
     "a, b, match",
     [
-        (torch.randn(3, 4), torch.randn(4, 3), r"keel::fused_muladd: b must have the shape of a \[3, 4\], got \[4, 3\]"),
+        (
+            torch.randn(3, 4),
+            torch.randn(4, 3),
+            r"keel::fused_muladd: b must have the shape of a \[3, 4\], got \[4, 3\]",
+        ),
         (torch.randn(3), torch.randn(3, 1), r"keel::fused_muladd: b must have the shape of a"),
         (torch.randn(3), torch.randn(3).double(), r"keel::fused_muladd: b must have the dtype of a \(float32\)"),
-        (torch.ones(3, dtype=torch.int64), torch.ones(3, dtype=torch.int64),
-         r"keel::fused_muladd: a must be float32, bfloat16, float16 or float64, got int64"),
+        (
+            torch.ones(3, dtype=torch.int64),
+            torch.ones(3, dtype=torch.int64),
+            r"keel::fused_muladd: a must be float32, bfloat16, float16 or float64, got int64",
+        ),
     ],
 )
 def test_bad_inputs(a, b, match):

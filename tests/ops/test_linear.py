@@ -108,18 +108,34 @@ def test_opcheck():
 @pytest.mark.parametrize(
     "args, match",
     [
-        ((torch.randn(2, 576), torch.randn(10, 512), None),
-         r"keel::linear: weight must be \[N, 576\] to match x's last dim, got \[10, 512\]"),
-        ((torch.randn(2, 8), torch.randn(8), None), r"keel::linear: weight must be \[N, 8\] to match x's last dim, got \[8\]"),
-        ((torch.randn(2, 8), torch.randn(8, 4).t(), None),
-         r"keel::linear: weight must have unit stride along its last dim \(K\), got stride 4"),
-        ((torch.randn(2, 8), torch.randn(4, 8), torch.randn(5)), r"keel::linear: bias must be \[4\] to match weight's rows, got \[5\]"),
-        ((torch.randn(2, 8), torch.randn(4, 8).bfloat16(), None),
-         r"keel::linear: weight must have the dtype of x \(float32\), got bfloat16"),
-        ((torch.randn(2, 8), torch.randn(4, 8), torch.randn(4).half()),
-         r"keel::linear: bias must have the dtype of x \(float32\), got float16"),
-        ((torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64), None),
-         r"keel::linear: x must be float32, bfloat16 or float16, got float64"),
+        (
+            (torch.randn(2, 576), torch.randn(10, 512), None),
+            r"keel::linear: weight must be \[N, 576\] to match x's last dim, got \[10, 512\]",
+        ),
+        (
+            (torch.randn(2, 8), torch.randn(8), None),
+            r"keel::linear: weight must be \[N, 8\] to match x's last dim, got \[8\]",
+        ),
+        (
+            (torch.randn(2, 8), torch.randn(8, 4).t(), None),
+            r"keel::linear: weight must have unit stride along its last dim \(K\), got stride 4",
+        ),
+        (
+            (torch.randn(2, 8), torch.randn(4, 8), torch.randn(5)),
+            r"keel::linear: bias must be \[4\] to match weight's rows, got \[5\]",
+        ),
+        (
+            (torch.randn(2, 8), torch.randn(4, 8).bfloat16(), None),
+            r"keel::linear: weight must have the dtype of x \(float32\), got bfloat16",
+        ),
+        (
+            (torch.randn(2, 8), torch.randn(4, 8), torch.randn(4).half()),
+            r"keel::linear: bias must have the dtype of x \(float32\), got float16",
+        ),
+        (
+            (torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64), None),
+            r"keel::linear: x must be float32, bfloat16 or float16, got float64",
+        ),
         ((torch.randn(()), torch.randn(4, 1), None), r"keel::linear: x must have at least 1 dimension"),
     ],
 )

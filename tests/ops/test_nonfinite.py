@@ -10,8 +10,22 @@ from support.devices import assert_rounded_like
 
 from keel import ops
 
-SPECIAL = [float("nan"), float("inf"), float("-inf"), 88.71, -88.71, 89.0, -89.0, 100.0, -100.0, -104.5, 3e38, -3e38,
-           1e-40, -0.0]
+SPECIAL = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    88.71,
+    -88.71,
+    89.0,
+    -89.0,
+    100.0,
+    -100.0,
+    -104.5,
+    3e38,
+    -3e38,
+    1e-40,
+    -0.0,
+]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

@@ -52,8 +52,13 @@ def test_matches_reference(device, dtype, case, strided_src):
 
 
 def test_opcheck():
-    args = (torch.randn(3, 2, 4), torch.randn(3, 2, 4), torch.zeros(2, 4, 2, 4), torch.zeros(2, 4, 2, 4),
-            torch.tensor([5, 0, 7]))
+    args = (
+        torch.randn(3, 2, 4),
+        torch.randn(3, 2, 4),
+        torch.zeros(2, 4, 2, 4),
+        torch.zeros(2, 4, 2, 4),
+        torch.tensor([5, 0, 7]),
+    )
     torch.library.opcheck(torch.ops.keel.reshape_and_cache.default, args)
 
 
@@ -69,15 +74,33 @@ def _call(key=None, value=None, kc=None, vc=None, slots=None):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"slots": torch.tensor([0, 1, 8])}, r"keel::reshape_and_cache: slot_mapping\[2\]=8 is outside the cache's 8 slots"),
+        (
+            {"slots": torch.tensor([0, 1, 8])},
+            r"keel::reshape_and_cache: slot_mapping\[2\]=8 is outside the cache's 8 slots",
+        ),
         ({"slots": torch.tensor([0, -2, 1])}, r"keel::reshape_and_cache: slot_mapping\[1\]=-2 is outside"),
-        ({"slots": torch.tensor([0, 1])}, r"keel::reshape_and_cache: slot_mapping must be 1-D with one slot per token \(3\)"),
-        ({"slots": torch.tensor([0, 1, 2], dtype=torch.int32)}, r"keel::reshape_and_cache: slot_mapping must be int64, got int32"),
-        ({"kc": torch.zeros(2, 4, 3, 4), "vc": torch.zeros(2, 4, 3, 4)}, r"keel::reshape_and_cache: key_cache must be \[num_blocks, block_size, 2, 4\]"),
+        (
+            {"slots": torch.tensor([0, 1])},
+            r"keel::reshape_and_cache: slot_mapping must be 1-D with one slot per token \(3\)",
+        ),
+        (
+            {"slots": torch.tensor([0, 1, 2], dtype=torch.int32)},
+            r"keel::reshape_and_cache: slot_mapping must be int64, got int32",
+        ),
+        (
+            {"kc": torch.zeros(2, 4, 3, 4), "vc": torch.zeros(2, 4, 3, 4)},
+            r"keel::reshape_and_cache: key_cache must be \[num_blocks, block_size, 2, 4\]",
+        ),
         ({"vc": torch.zeros(2, 4, 2, 5)}, r"keel::reshape_and_cache: value_cache must have the shape of key_cache"),
-        ({"value": torch.randn(3, 2, 4).half()}, r"keel::reshape_and_cache: value must have the dtype of key \(float32\), got float16"),
+        (
+            {"value": torch.randn(3, 2, 4).half()},
+            r"keel::reshape_and_cache: value must have the dtype of key \(float32\), got float16",
+        ),
         ({"key": torch.randn(3, 8), "value": torch.randn(3, 8)}, r"keel::reshape_and_cache: key must be 3-D"),
-        ({"kc": torch.zeros(1, 4, 2, 4).expand(2, 4, 2, 4)}, r"keel::reshape_and_cache: key_cache is written in place but has overlapping"),
+        (
+            {"kc": torch.zeros(1, 4, 2, 4).expand(2, 4, 2, 4)},
+            r"keel::reshape_and_cache: key_cache is written in place but has overlapping",
+        ),
     ],
 )
 def test_bad_inputs(kwargs, match):

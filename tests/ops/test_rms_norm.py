@@ -45,10 +45,25 @@ def test_opcheck():
 @pytest.mark.parametrize(
     "x, w, eps, match",
     [
-        (torch.randn(3, 8), torch.randn(4), 1e-6, r"keel::rms_norm: weight must be 1-D with 8 elements .* got shape \[4\]"),
+        (
+            torch.randn(3, 8),
+            torch.randn(4),
+            1e-6,
+            r"keel::rms_norm: weight must be 1-D with 8 elements .* got shape \[4\]",
+        ),
         (torch.randn(3, 8), torch.randn(2, 4), 1e-6, r"keel::rms_norm: weight must be 1-D with 8 elements"),
-        (torch.randn(3, 8), torch.randn(8).half(), 1e-6, r"keel::rms_norm: weight must have the dtype of x \(float32\), got float16"),
-        (torch.randn(3, 8).double(), torch.randn(8).double(), 1e-6, r"keel::rms_norm: x must be float32, bfloat16 or float16, got float64"),
+        (
+            torch.randn(3, 8),
+            torch.randn(8).half(),
+            1e-6,
+            r"keel::rms_norm: weight must have the dtype of x \(float32\), got float16",
+        ),
+        (
+            torch.randn(3, 8).double(),
+            torch.randn(8).double(),
+            1e-6,
+            r"keel::rms_norm: x must be float32, bfloat16 or float16, got float64",
+        ),
         (torch.randn(()), torch.randn(1), 1e-6, r"keel::rms_norm: x must have at least 1 dimension"),
         (torch.randn(3, 8), torch.randn(8), -1.0, r"keel::rms_norm: eps must be a non-negative number"),
     ],

@@ -98,17 +98,38 @@ def _call(positions=None, q=None, k=None, head_size=8, cache=None):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"head_size": 6}, r"keel::rotary_embedding: cos_sin_cache must be \[max_position, rot_dim\] with an even rot_dim <= head_size=6"),
+        (
+            {"head_size": 6},
+            r"keel::rotary_embedding: cos_sin_cache must be \[max_position, rot_dim\] with an even rot_dim <= head_size=6",
+        ),
         ({"head_size": 0}, r"keel::rotary_embedding: head_size must be positive, got 0"),
-        ({"q": torch.randn(4, 12), "head_size": 8}, r"keel::rotary_embedding: q last dim \(12\) must be a multiple of head_size=8"),
+        (
+            {"q": torch.randn(4, 12), "head_size": 8},
+            r"keel::rotary_embedding: q last dim \(12\) must be a multiple of head_size=8",
+        ),
         ({"q": torch.randn(4, 2, 4)}, r"keel::rotary_embedding: q last dim must be head_size=8"),
         ({"k": torch.randn(5, 8)}, r"keel::rotary_embedding: k leading dims must equal positions \[4\]"),
-        ({"positions": torch.arange(4, dtype=torch.int32)}, r"keel::rotary_embedding: positions must be int64, got int32"),
-        ({"positions": torch.tensor([0, 1, 2, 8])}, r"keel::rotary_embedding: positions\[3\]=8 is outside cos_sin_cache's 8 rows"),
+        (
+            {"positions": torch.arange(4, dtype=torch.int32)},
+            r"keel::rotary_embedding: positions must be int64, got int32",
+        ),
+        (
+            {"positions": torch.tensor([0, 1, 2, 8])},
+            r"keel::rotary_embedding: positions\[3\]=8 is outside cos_sin_cache's 8 rows",
+        ),
         ({"positions": torch.tensor([0, -1, 2, 3])}, r"keel::rotary_embedding: positions\[1\]=-1 is outside"),
-        ({"k": torch.randn(4, 8).half()}, r"keel::rotary_embedding: k must have the dtype of q \(float32\), got float16"),
-        ({"cache": cos_sin_cache(8, 8).double()}, r"keel::rotary_embedding: cos_sin_cache must be float32 or the dtype of q"),
-        ({"q": torch.randn(1, 16).expand(4, 16)}, r"keel::rotary_embedding: q is written in place but has overlapping elements"),
+        (
+            {"k": torch.randn(4, 8).half()},
+            r"keel::rotary_embedding: k must have the dtype of q \(float32\), got float16",
+        ),
+        (
+            {"cache": cos_sin_cache(8, 8).double()},
+            r"keel::rotary_embedding: cos_sin_cache must be float32 or the dtype of q",
+        ),
+        (
+            {"q": torch.randn(1, 16).expand(4, 16)},
+            r"keel::rotary_embedding: q is written in place but has overlapping elements",
+        ),
     ],
 )
 def test_bad_inputs(kwargs, match):

@@ -39,7 +39,10 @@ def test_opcheck():
     [
         (torch.randn(3, 7), r"keel::silu_and_mul: x last dim must be even \(gate and up halves\), got shape \[3, 7\]"),
         (torch.randn(()), r"keel::silu_and_mul: x must have at least 1 dimension"),
-        (torch.randn(4, 8, dtype=torch.float64), r"keel::silu_and_mul: x must be float32, bfloat16 or float16, got float64"),
+        (
+            torch.randn(4, 8, dtype=torch.float64),
+            r"keel::silu_and_mul: x must be float32, bfloat16 or float16, got float64",
+        ),
     ],
 )
 def test_bad_inputs(x, match):

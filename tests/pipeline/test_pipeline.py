@@ -36,8 +36,9 @@ def test_probe_hashes_what_the_process_mapped_not_what_lies_on_disk(tmp_path):
         "print(json.dumps({'dir': str(d), 'mapped': m(d), 'copy': m(Path(sys.argv[1]).parent),\n"
         "                  'cuda_torch': bool(torch.version.cuda)}))"
     )
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "_C.abi3.so")], capture_output=True,
-                          text=True, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "_C.abi3.so")], capture_output=True, text=True, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     keel_dir = Path(got["dir"])
@@ -70,11 +71,15 @@ def test_wheel_facts_find_every_keel_library_and_the_runtime_requirements(tmp_pa
         zf.writestr("keel/_C.abi3.so", b"one")
         zf.writestr("keel/vendored/deep_gemm/_C.abi3.so", b"two")
         zf.writestr("keel/__init__.py", b"")
-        zf.writestr("keel-0.dist-info/METADATA", "Name: keel\nRequires-Dist: numpy\nRequires-Dist: torch>=2.10\n"
-                    "Requires-Dist: pytest; extra == \"test\"\n")
+        zf.writestr(
+            "keel-0.dist-info/METADATA",
+            'Name: keel\nRequires-Dist: numpy\nRequires-Dist: torch>=2.10\nRequires-Dist: pytest; extra == "test"\n',
+        )
     libs, requires = pipeline.wheel_facts(wheel)
-    assert libs == {"_C.abi3.so": hashlib.sha256(b"one").hexdigest(),
-                    "vendored/deep_gemm/_C.abi3.so": hashlib.sha256(b"two").hexdigest()}
+    assert libs == {
+        "_C.abi3.so": hashlib.sha256(b"one").hexdigest(),
+        "vendored/deep_gemm/_C.abi3.so": hashlib.sha256(b"two").hexdigest(),
+    }
     assert requires == ["numpy"]
 
 
@@ -82,8 +87,13 @@ def test_a_torch_pip_cannot_install_is_a_clear_error(tmp_path):
     # a real pip failure without network: no index, an empty find-links folder
     (tmp_path / "empty").mkdir()
     env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "empty"), "PIP_CONSTRAINT": "/dev/null"}
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "torch==2.99.0"], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "torch==2.99.0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.returncode != 0
     err = pipeline.torch_install_error("2.99.0", sys.executable, proc.stdout, tmp_path / "log")
     assert re.search(r"torch==2\.99\.0 cannot be installed for Python \d\.\d+: ERROR: .*torch==2\.99\.0", str(err))
@@ -95,9 +105,20 @@ def test_a_torch_pip_cannot_install_is_a_clear_error(tmp_path):
 
 
 def test_table_marks_different_tokens():
-    same = pipeline.Row("2.13.0", "2.14.1", "3.11", "e", libraries_same=True, libraries="yes (1/1 mapped)",
-                        op_tests="9 passed, 0 skipped", op_tests_ok=True, tok_s=1.0, ttft_ms=2.0,
-                        token_ids=[1, 2], tokens_same=True)
+    same = pipeline.Row(
+        "2.13.0",
+        "2.14.1",
+        "3.11",
+        "e",
+        libraries_same=True,
+        libraries="yes (1/1 mapped)",
+        op_tests="9 passed, 0 skipped",
+        op_tests_ok=True,
+        tok_s=1.0,
+        ttft_ms=2.0,
+        token_ids=[1, 2],
+        tokens_same=True,
+    )
     other = pipeline.Row(**{**same.__dict__, "torch_b": "2.15.0", "token_ids": [1, 3], "tokens_same": False})
     text = pipeline.table([same, other], "STABLE", "2.10")
     assert "| 2.14.1 | 3.11 | yes (1/1 mapped) | STABLE, torch>=2.10 |" in text and "| yes (2) |" in text
@@ -106,8 +127,12 @@ def test_table_marks_different_tokens():
 
 
 def test_pipeline_help_runs_without_torch():
-    proc = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "pipeline.py"), "--help"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
+    proc = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "scripts" / "pipeline.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert proc.returncode == 0 and "--targets" in proc.stdout, proc.stderr
 
 
@@ -115,12 +140,17 @@ def _third_party_imports(paths: list[Path]) -> set[str]:
     """Top-level modules imported by these test files (and the conftest / support code they use)."""
     import ast
 
-    local = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {p.name for p in (ROOT / "tests").rglob("*") if p.is_dir()}
+    local = {p.stem for p in (ROOT / "tests").rglob("*.py")} | {
+        p.name for p in (ROOT / "tests").rglob("*") if p.is_dir()
+    }
     found: set[str] = set()
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            )
             found.update(n.split(".")[0] for n in names)
     return {m for m in found - local - set(sys.stdlib_module_names) if m != "keel"}
 

@@ -35,8 +35,11 @@ def wheel() -> Path:
 def platform_tags(wheel: Path) -> set[str]:
     with zipfile.ZipFile(wheel) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/WHEEL"))
-        return {line.split(":", 1)[1].strip().rsplit("-", 1)[1]
-                for line in zf.read(meta).decode().splitlines() if line.startswith("Tag:")}
+        return {
+            line.split(":", 1)[1].strip().rsplit("-", 1)[1]
+            for line in zf.read(meta).decode().splitlines()
+            if line.startswith("Tag:")
+        }
 
 
 @pytest.fixture(scope="module")

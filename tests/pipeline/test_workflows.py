@@ -49,8 +49,9 @@ def test_no_deprecated_action_runtime(tmp_path):
 
 
 def test_zizmor_finds_nothing():
-    proc = subprocess.run([tool("zizmor"), "--offline", "--no-progress", *map(str, WORKFLOWS)],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [tool("zizmor"), "--offline", "--no-progress", *map(str, WORKFLOWS)], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "No findings" in proc.stdout, proc.stdout
 

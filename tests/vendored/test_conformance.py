@@ -53,7 +53,9 @@ def test_every_vendored_library_registers_its_namespace():
 def test_schemas_take_only_widened_types():
     schemas = _schemas()
     assert schemas, "no keel schema found"
-    bad = [f"{s.text}: argument {arg} has type {typ}" for s in schemas for arg, typ in s.arg_types if typ not in ALLOWED]
+    bad = [
+        f"{s.text}: argument {arg} has type {typ}" for s in schemas for arg, typ in s.arg_types if typ not in ALLOWED
+    ]
     assert not bad, "schemas the stable dispatcher cannot carry as-is:\n" + "\n".join(bad)
 
 
@@ -75,8 +77,16 @@ def _compile(source: str, tmp_path: Path) -> subprocess.CompletedProcess:
     path = tmp_path / "kernel.cpp"
     path.write_text(source)
     version = hex((2 << 56) | (10 << 48))
-    cmd = [CXX, "-fsyntax-only", "-std=c++17", f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'adapters'}",
-           f"-isystem{Path(torch.__file__).parent / 'include'}", f"-DTORCH_TARGET_VERSION={version}", str(path)]
+    cmd = [
+        CXX,
+        "-fsyntax-only",
+        "-std=c++17",
+        f"-I{ROOT / 'csrc'}",
+        f"-I{ROOT / 'adapters'}",
+        f"-isystem{Path(torch.__file__).parent / 'include'}",
+        f"-DTORCH_TARGET_VERSION={version}",
+        str(path),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
@@ -87,8 +97,10 @@ STABLE_TORCH_LIBRARY(keel_probe, m) {{ m.def("probe(Tensor x, int n, Tensor? y) 
 KEEL_ADAPTER_LIBRARY_IMPL(keel_probe, m) {{ KEEL_ADAPTER_IMPL(m, "probe", &probe); }}
 """
 
-needs_source = pytest.mark.skipif(not (CXX and (ROOT / "adapters" / "common" / "adapter.h").is_file()),
-                                  reason="needs a C++ compiler and the source tree")
+needs_source = pytest.mark.skipif(
+    not (CXX and (ROOT / "adapters" / "common" / "adapter.h").is_file()),
+    reason="needs a C++ compiler and the source tree",
+)
 
 
 @needs_source

@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,8 +91,12 @@ class Guard:
         if self.api_key and scope["path"].startswith("/v1"):
             given = headers.get(b"authorization", b"").decode("latin-1")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                await _send_error(send, APIError(401, "Incorrect or missing API key: send "
-                                                      "`Authorization: Bearer <key>`", code="invalid_api_key"))
+                await _send_error(
+                    send,
+                    APIError(
+                        401, "Incorrect or missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key"
+                    ),
+                )
                 return
         limit = self.max_body_bytes
         declared = headers.get(b"content-length")
@@ -103,7 +108,7 @@ class Guard:
             return
         seen = 0
 
-        async def limited() -> dict:
+        async def limited() -> MutableMapping[str, Any]:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -116,17 +121,23 @@ class Guard:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than this server's limit of {limit} bytes",
-                    code="request_too_large")
+    return APIError(
+        413, f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large"
+    )
 
 
-def build_app(engine: AsyncEngine, *, model_name: str, api_key: str | None = None,
-              limits: ServerLimits | None = None) -> FastAPI:
+def build_app(
+    engine: AsyncEngine, *, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None
+) -> FastAPI:
     """The OpenAI-compatible app over a running `AsyncEngine` (whose `engine` is an `LLMEngine`)."""
     limits = limits or ServerLimits()
     llm = engine.engine
-    cfg = ServingConfig(model_name=model_name, max_model_len=llm.config.max_position_embeddings,
-                        vocab_size=llm.config.vocab_size, max_tokens_limit=limits.max_tokens)
+    cfg = ServingConfig(
+        model_name=model_name,
+        max_model_len=llm.config.max_position_embeddings,
+        vocab_size=llm.config.vocab_size,
+        max_tokens_limit=limits.max_tokens,
+    )
     app = FastAPI(title="keel serve", summary="OpenAI-compatible API of keel", version="0.1.0")
     install_handlers(app)
     serving = OpenAIServing(engine, llm.tokenizer, cfg)
@@ -168,8 +179,9 @@ class ServerThread:
         import uvicorn
 
         self.host, self.port = host, port or free_port(host)
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=log_level, lifespan="off",
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app, host=self.host, port=self.port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5
+        )
         self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()  # the server's loop, for callers that inspect its tasks
         self.thread = threading.Thread(target=self._run, name="keel-serve", daemon=True)

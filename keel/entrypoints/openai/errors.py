@@ -17,8 +17,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("keel.serve")
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "server_error", 500: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "server_error",
+    500: "server_error",
+}
 
 
 class APIError(Exception):

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -43,7 +43,7 @@ class Choice:
     text: str = ""
     completion_tokens: int = 0
     cached_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: Literal["stop", "length"] | None = None
     last_token_s: float | None = None
 
 
@@ -74,7 +74,7 @@ class Generation:
             choice.completion_tokens = len(out.token_ids)
             choice.cached_tokens = out.num_cached_tokens or 0
             if out.finished:
-                if out.finish_reason not in ("stop", "length"):
+                if out.finish_reason != "stop" and out.finish_reason != "length":
                     raise APIError(503, f"the engine ended the request ({out.finish_reason}); retry later")
                 choice.finish_reason = out.finish_reason
                 stats.finished[out.finish_reason] += 1
@@ -90,9 +90,12 @@ class Generation:
         prompt_tokens = sum(c.prompt_tokens for c in prompts.values())
         completion = sum(c.completion_tokens for c in self.choices.values())
         cached = sum(c.cached_tokens for c in prompts.values())
-        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion,
-                         total_tokens=prompt_tokens + completion,
-                         prompt_tokens_details={"cached_tokens": cached})
+        return UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=prompt_tokens + completion,
+            prompt_tokens_details={"cached_tokens": cached},
+        )
 
     def ordered(self) -> list[Choice]:
         return sorted(self.choices.values(), key=lambda c: c.index)
@@ -119,8 +122,12 @@ class OpenAIServing:
 
     def check_model(self, req: SamplingRequest) -> None:
         if req.model != self.config.model_name:
-            raise APIError(404, f"The model `{req.model}` does not exist; this server serves "
-                                f"`{self.config.model_name}`", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model `{req.model}` does not exist; this server serves `{self.config.model_name}`",
+                param="model",
+                code="model_not_found",
+            )
 
     def check_prompt_ids(self, ids: list[int], where: str) -> None:
         vocab = self.config.vocab_size
@@ -131,15 +138,20 @@ class OpenAIServing:
         """Validate the prompt length and max_tokens against the context and the server limit."""
         ctx, cap = self.config.max_model_len, self.config.max_tokens_limit
         if prompt_len >= ctx:
-            raise bad_request(f"This model's maximum context length is {ctx} tokens, but the prompt has "
-                              f"{prompt_len} tokens (at most {ctx - 1} fit, with room for one new token)",
-                              "messages" if hasattr(req, "messages") else "prompt")
+            raise bad_request(
+                f"This model's maximum context length is {ctx} tokens, but the prompt has "
+                f"{prompt_len} tokens (at most {ctx - 1} fit, with room for one new token)",
+                "messages" if hasattr(req, "messages") else "prompt",
+            )
         if requested is not None and requested > cap:
             raise bad_request(f"max_tokens is {requested}; this server allows at most {cap}", "max_tokens")
         if requested is not None and prompt_len + requested > ctx:
-            raise bad_request(f"This model's maximum context length is {ctx} tokens; you requested "
-                              f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for "
-                              f"the completion). Lower max_tokens or the prompt.", "max_tokens")
+            raise bad_request(
+                f"This model's maximum context length is {ctx} tokens; you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for "
+                f"the completion). Lower max_tokens or the prompt.",
+                "max_tokens",
+            )
         if requested is not None:
             return requested
         room = ctx - prompt_len
@@ -163,8 +175,9 @@ class OpenAIServing:
             ignore_eos=req.ignore_eos,
         )
 
-    async def start(self, prefix: str, req: SamplingRequest, prompts: list[list[int]],
-                    max_tokens: list[int]) -> Generation:
+    async def start(
+        self, prefix: str, req: SamplingRequest, prompts: list[list[int]], max_tokens: list[int]
+    ) -> Generation:
         """Admit one sub-request per prompt x choice; map admission and engine errors to API errors."""
         arrival = time.perf_counter()
         rid = f"{prefix}-{uuid.uuid4().hex}"
@@ -187,8 +200,14 @@ class OpenAIServing:
             raise bad_request(str(exc)) from exc
         return Generation(self, rid, stream, choices, arrival)
 
-    async def respond(self, raw: Request, req: SamplingRequest, gen: Generation,
-                      events: Callable[[], AsyncIterator[str]], body: Callable[[], Any]) -> Response:
+    async def respond(
+        self,
+        raw: Request,
+        req: SamplingRequest,
+        gen: Generation,
+        events: Callable[[], AsyncIterator[str]],
+        body: Callable[[], Any],
+    ) -> Response:
         """The answer: SSE from `events()` when streaming, else `body()` once the generation is complete."""
         if req.stream:
             return SSEResponse(guarded_events(events()), gen.close)

@@ -64,9 +64,11 @@ def render_prometheus(model: str, engine_metrics: Any, stats: ServerStats, token
     """The whole `/metrics` page."""
     m, lab = engine_metrics, f'model_name="{_escape(model)}"'
     lines: list[str] = []
-    lines += ["# HELP keel_build_info keel and the torch it runs on (the same wheel serves several torch releases).",
-              "# TYPE keel_build_info gauge",
-              f'keel_build_info{{{lab},keel_version="{keel_version}",torch_version="{torch.__version__}"}} 1']
+    lines += [
+        "# HELP keel_build_info keel and the torch it runs on (the same wheel serves several torch releases).",
+        "# TYPE keel_build_info gauge",
+        f'keel_build_info{{{lab},keel_version="{keel_version}",torch_version="{torch.__version__}"}} 1',
+    ]
 
     def metric(name: str, kind: str, help_: str, value: float, labels: str = lab) -> None:
         lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"])
@@ -75,23 +77,36 @@ def render_prometheus(model: str, engine_metrics: Any, stats: ServerStats, token
     metric("keel_num_requests_waiting", "gauge", "Requests waiting to be scheduled.", m.num_waiting)
     metric("keel_kv_cache_blocks_used", "gauge", "KV cache blocks held by requests.", m.kv_blocks_used)
     metric("keel_kv_cache_blocks_total", "gauge", "KV cache blocks in the pool.", m.kv_blocks_total)
-    metric("keel_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks in use.",
-           m.kv_blocks_used / m.kv_blocks_total if m.kv_blocks_total else 0.0)
-    metric("keel_generation_tokens_per_second", "gauge", "Output tokens per second over the last seconds.",
-           round(tokens_per_s, 3))
+    metric(
+        "keel_kv_cache_usage_ratio",
+        "gauge",
+        "Fraction of KV cache blocks in use.",
+        m.kv_blocks_used / m.kv_blocks_total if m.kv_blocks_total else 0.0,
+    )
+    metric(
+        "keel_generation_tokens_per_second",
+        "gauge",
+        "Output tokens per second over the last seconds.",
+        round(tokens_per_s, 3),
+    )
     metric("keel_prompt_tokens_total", "counter", "Prompt tokens processed.", m.prompt_tokens_total)
     metric("keel_generation_tokens_total", "counter", "Tokens generated.", m.generation_tokens_total)
     metric("keel_num_preemptions_total", "counter", "Requests preempted back to waiting.", m.num_preemptions)
-    metric("keel_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-           m.prefix_cache_queries)
-    metric("keel_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
-           m.prefix_cache_hits)
-    metric("keel_request_aborted_total", "counter", "Requests aborted (client disconnected or error).",
-           stats.aborted)
-    metric("keel_request_rejected_total", "counter", "Requests refused because the server was overloaded.",
-           stats.rejected)
-    lines += ["# HELP keel_request_success_total Requests finished, by finish reason.",
-              "# TYPE keel_request_success_total counter"]
+    metric(
+        "keel_prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        m.prefix_cache_queries,
+    )
+    metric("keel_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", m.prefix_cache_hits)
+    metric("keel_request_aborted_total", "counter", "Requests aborted (client disconnected or error).", stats.aborted)
+    metric(
+        "keel_request_rejected_total", "counter", "Requests refused because the server was overloaded.", stats.rejected
+    )
+    lines += [
+        "# HELP keel_request_success_total Requests finished, by finish reason.",
+        "# TYPE keel_request_success_total counter",
+    ]
     for reason in ("stop", "length"):
         lines.append(f'keel_request_success_total{{{lab},finished_reason="{reason}"}} {stats.finished[reason]}')
     for name, help_, hist in (

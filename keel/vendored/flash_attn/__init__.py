@@ -77,8 +77,21 @@ def flash_attn_varlen_func(
     left, right = _window(func, window_size)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     return torch.ops.keel_flash_attn.varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, int(max_seqlen_q), int(max_seqlen_k),
-        _scale(q, softmax_scale), bool(causal), left, right, float(softcap), int(num_splits),
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        block_table,
+        int(max_seqlen_q),
+        int(max_seqlen_k),
+        _scale(q, softmax_scale),
+        bool(causal),
+        left,
+        right,
+        float(softcap),
+        int(num_splits),
     )
 
 
@@ -111,17 +124,32 @@ def flash_attn_with_kvcache(
     writes the cache with keel::reshape_and_cache)."""
     func = "flash_attn_with_kvcache"
     _unsupported(
-        func, k=k is not None, v=v is not None, rotary_cos=rotary_cos is not None, rotary_sin=rotary_sin is not None,
-        cache_batch_idx=cache_batch_idx is not None, cache_leftpad=cache_leftpad is not None,
-        alibi_slopes=alibi_slopes is not None, return_softmax_lse=return_softmax_lse,
+        func,
+        k=k is not None,
+        v=v is not None,
+        rotary_cos=rotary_cos is not None,
+        rotary_sin=rotary_sin is not None,
+        cache_batch_idx=cache_batch_idx is not None,
+        cache_leftpad=cache_leftpad is not None,
+        alibi_slopes=alibi_slopes is not None,
+        return_softmax_lse=return_softmax_lse,
     )
     left, right = _window(func, window_size)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     q = _last_dim_contiguous(q)
     return torch.ops.keel_flash_attn.fwd_kvcache(
-        q, k_cache, v_cache, cache_seqlens, block_table, _scale(q, softmax_scale), bool(causal), left, right,
-        float(softcap), int(num_splits),
+        q,
+        k_cache,
+        v_cache,
+        cache_seqlens,
+        block_table,
+        _scale(q, softmax_scale),
+        bool(causal),
+        left,
+        right,
+        float(softcap),
+        int(num_splits),
     )
 
 

@@ -17,15 +17,41 @@ LIBRARY = load_vendored("flash_attn", NAMESPACE, OPS)
 
 # varlen mode: the output is packed like q, [total_q, H, D]
 @torch.library.register_fake(f"{NAMESPACE}::varlen_fwd")
-def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, window_left, window_right, softcap, num_splits):
+def _varlen_fwd_fake(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    seqused_k,
+    block_table,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale,
+    causal,
+    window_left,
+    window_right,
+    softcap,
+    num_splits,
+):
     return q.new_empty(q.shape[0], q.shape[1], q.shape[2])
 
 
 # batch mode: the output is [B, S_q, H, D] like q
 @torch.library.register_fake(f"{NAMESPACE}::fwd_kvcache")
-def _fwd_kvcache_fake(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, window_left,
-                      window_right, softcap, num_splits):
+def _fwd_kvcache_fake(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    block_table,
+    softmax_scale,
+    causal,
+    window_left,
+    window_right,
+    softcap,
+    num_splits,
+):
     return q.new_empty(q.shape[0], q.shape[1], q.shape[2], q.shape[3])
 
 

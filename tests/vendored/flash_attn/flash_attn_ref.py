@@ -12,13 +12,20 @@ from dataclasses import dataclass
 import torch
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                  window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                  scale: float | None = None) -> torch.Tensor:
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    scale: float | None = None,
+) -> torch.Tensor:
     """One sequence: q [sq, H, D], k/v [sk, H_kv, D] -> fp64 [sq, H, D]."""
     sq, h, d = q.shape
     sk, hk = k.shape[0], k.shape[1]
-    scale = d ** -0.5 if scale is None else scale
+    scale = d**-0.5 if scale is None else scale
     kk = k.double().repeat_interleave(h // hk, dim=1)
     vv = v.double().repeat_interleave(h // hk, dim=1)
     s = torch.einsum("qhd,khd->hqk", q.double(), kk) * scale
@@ -43,7 +50,7 @@ def varlen_ref(q, k, v, lens_q: list[int], lens_k: list[int], **kw) -> torch.Ten
     """Packed q [total_q, H, D], k/v [total_k, H_kv, D] -> fp64 [total_q, H, D]."""
     out, oq, ok = [], 0, 0
     for sq, sk in zip(lens_q, lens_k, strict=True):
-        out.append(attention_ref(q[oq:oq + sq], k[ok:ok + sk], v[ok:ok + sk], **kw))
+        out.append(attention_ref(q[oq : oq + sq], k[ok : ok + sk], v[ok : ok + sk], **kw))
         oq, ok = oq + sq, ok + sk
     return torch.cat(out) if out else torch.zeros(0, *q.shape[1:], dtype=torch.float64)
 
@@ -63,8 +70,9 @@ class Paged:
     seqlens: torch.Tensor  # [B] int32
 
 
-def paged(k: torch.Tensor, v: torch.Tensor, lens_k: list[int], block_size: int, gen: torch.Generator,
-          spare_blocks: int = 3) -> Paged:
+def paged(
+    k: torch.Tensor, v: torch.Tensor, lens_k: list[int], block_size: int, gen: torch.Generator, spare_blocks: int = 3
+) -> Paged:
     need = [(n + block_size - 1) // block_size for n in lens_k]
     max_blocks = max([*need, 1])
     num_blocks = sum(need) + spare_blocks
@@ -88,6 +96,8 @@ def paged(k: torch.Tensor, v: torch.Tensor, lens_k: list[int], block_size: int, 
 
 def tolerance(dtype: torch.dtype) -> dict[str, float]:
     """Explicit tolerances: fp32 accumulation everywhere; the output is rounded to the input dtype."""
-    return {torch.float32: {"atol": 1e-4, "rtol": 1e-4},
-            torch.bfloat16: {"atol": 1.5e-2, "rtol": 1.5e-2},
-            torch.float16: {"atol": 2e-3, "rtol": 2e-3}}[dtype]
+    return {
+        torch.float32: {"atol": 1e-4, "rtol": 1e-4},
+        torch.bfloat16: {"atol": 1.5e-2, "rtol": 1.5e-2},
+        torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+    }[dtype]

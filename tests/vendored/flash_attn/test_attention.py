@@ -35,8 +35,9 @@ def test_varlen_matches_reference(dtype, h, hk, d, causal, window, softcap):
     lens_q = [7, 1, 0, 33, 18]
     lens_k = [7, 1, 0, 33, 18] if causal else [9, 17, 4, 33, 1]  # cross-attention lengths when not causal
     q, k, v = _qkv(gen, sum(lens_q), sum(lens_k), h, hk, d, dtype)
-    out = flash_attn_varlen_func(q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k), causal=causal,
-                                 window_size=window, softcap=softcap)
+    out = flash_attn_varlen_func(
+        q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k), causal=causal, window_size=window, softcap=softcap
+    )
     ref = varlen_ref(q, k, v, lens_q, lens_k, causal=causal, window=window, softcap=softcap)
     assert out.shape == q.shape and out.dtype == dtype
     torch.testing.assert_close(out.double(), ref, **tolerance(dtype))
@@ -64,8 +65,9 @@ def test_default_scale_is_inverse_sqrt_head_dim():
     torch.testing.assert_close(other.double(), attention_ref(q, k, v, scale=0.5), **tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("block_size,dtype,h,hk", [(16, torch.bfloat16, 9, 3), (32, torch.float32, 8, 1),
-                                                   (5, torch.float16, 4, 2)])
+@pytest.mark.parametrize(
+    "block_size,dtype,h,hk", [(16, torch.bfloat16, 9, 3), (32, torch.float32, 8, 1), (5, torch.float16, 4, 2)]
+)
 def test_varlen_paged_matches_reference(block_size, dtype, h, hk):
     # prefill of a chunk against a longer paged context (queries at the end of each sequence)
     gen = torch.Generator().manual_seed(block_size)
@@ -73,8 +75,18 @@ def test_varlen_paged_matches_reference(block_size, dtype, h, hk):
     lens_q = [5, 1, 0, 65, 3]
     q, k, v = _qkv(gen, sum(lens_q), sum(lens_k), h, hk, 64, dtype)
     pg = paged(k, v, lens_k, block_size, gen)
-    out = flash_attn_varlen_func(q, pg.k_cache, pg.v_cache, cu(lens_q), None, max(lens_q), max(lens_k), causal=True,
-                                 block_table=pg.block_table, seqused_k=pg.seqlens)
+    out = flash_attn_varlen_func(
+        q,
+        pg.k_cache,
+        pg.v_cache,
+        cu(lens_q),
+        None,
+        max(lens_q),
+        max(lens_k),
+        causal=True,
+        block_table=pg.block_table,
+        seqused_k=pg.seqlens,
+    )
     ref = varlen_ref(q, k, v, lens_q, lens_k, causal=True)
     torch.testing.assert_close(out.double(), ref, **tolerance(dtype))
 
@@ -99,12 +111,21 @@ def test_kvcache_paged_decode_matches_reference(block_size, dtype, h, hk, d, sq,
     q = torch.randn(b, sq, h, d, generator=gen).to(dtype)
     pg = paged(k, v, lens, block_size, gen)
     for splits in (1, 3):
-        out = flash_attn_with_kvcache(q, pg.k_cache, pg.v_cache, cache_seqlens=pg.seqlens, block_table=pg.block_table,
-                                      causal=True, window_size=window, softcap=softcap, num_splits=splits)
+        out = flash_attn_with_kvcache(
+            q,
+            pg.k_cache,
+            pg.v_cache,
+            cache_seqlens=pg.seqlens,
+            block_table=pg.block_table,
+            causal=True,
+            window_size=window,
+            softcap=softcap,
+            num_splits=splits,
+        )
         assert out.shape == q.shape
         off = 0
         for i, n in enumerate(lens):
-            ref = attention_ref(q[i], k[off:off + n], v[off:off + n], causal=True, window=window, softcap=softcap)
+            ref = attention_ref(q[i], k[off : off + n], v[off : off + n], causal=True, window=window, softcap=softcap)
             torch.testing.assert_close(out[i].double(), ref, **tolerance(dtype), msg=f"seq {i}, splits {splits}")
             off += n
 
@@ -132,6 +153,7 @@ def test_split_k_matches_unsplit_on_long_context():
     pg = paged(k, v, [n], 16, gen)
     ref = attention_ref(q[0], k, v)
     for splits in (0, 1, 7, 128):
-        out = flash_attn_with_kvcache(q, pg.k_cache, pg.v_cache, cache_seqlens=pg.seqlens, block_table=pg.block_table,
-                                      num_splits=splits)
+        out = flash_attn_with_kvcache(
+            q, pg.k_cache, pg.v_cache, cache_seqlens=pg.seqlens, block_table=pg.block_table, num_splits=splits
+        )
         torch.testing.assert_close(out[0].double(), ref, **tolerance(torch.float32), msg=f"splits {splits}")

@@ -24,21 +24,25 @@ def test_opcheck_varlen_fwd_packed_and_paged():
     q = torch.randn(8, 4, 64, generator=gen)
     k = torch.randn(8, 2, 64, generator=gen)
     v = torch.randn(8, 2, 64, generator=gen)
-    torch.library.opcheck(torch.ops.keel_flash_attn.varlen_fwd,
-                          (q, k, v, cu(lens), cu(lens), None, None, 5, 5, 0.125, True, -1, -1, 0.0, 0))
+    torch.library.opcheck(
+        torch.ops.keel_flash_attn.varlen_fwd,
+        (q, k, v, cu(lens), cu(lens), None, None, 5, 5, 0.125, True, -1, -1, 0.0, 0),
+    )
     pg = paged(k, v, lens, 16, gen)
-    torch.library.opcheck(torch.ops.keel_flash_attn.varlen_fwd,
-                          (q, pg.k_cache, pg.v_cache, cu(lens), None, pg.seqlens, pg.block_table, 5, 5, 0.125, True,
-                           2, 0, 0.0, 0))
+    torch.library.opcheck(
+        torch.ops.keel_flash_attn.varlen_fwd,
+        (q, pg.k_cache, pg.v_cache, cu(lens), None, pg.seqlens, pg.block_table, 5, 5, 0.125, True, 2, 0, 0.0, 0),
+    )
 
 
 def test_opcheck_fwd_kvcache():
     gen = torch.Generator().manual_seed(1)
     pg = paged(torch.randn(40, 2, 64, generator=gen), torch.randn(40, 2, 64, generator=gen), [24, 16], 16, gen)
     q = torch.randn(2, 1, 4, 64, generator=gen).bfloat16()
-    torch.library.opcheck(torch.ops.keel_flash_attn.fwd_kvcache,
-                          (q, pg.k_cache.bfloat16(), pg.v_cache.bfloat16(), pg.seqlens, pg.block_table, 0.125, True,
-                           -1, -1, 0.0, 2))
+    torch.library.opcheck(
+        torch.ops.keel_flash_attn.fwd_kvcache,
+        (q, pg.k_cache.bfloat16(), pg.v_cache.bfloat16(), pg.seqlens, pg.block_table, 0.125, True, -1, -1, 0.0, 2),
+    )
 
 
 def test_namespace_and_ops():
@@ -88,8 +92,14 @@ def test_every_cpu_build_matches_reference(isa, tmp_path):
     best = _best_isa()
     if isa == "avx2" and best == "base":
         pytest.skip("this CPU has no AVX2")
-    out = subprocess.run([sys.executable, "-c", ISA_CHECK.format(here=str(HERE))], capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", ISA_CHECK.format(here=str(HERE))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     ran, status = out.stdout.split()
     assert ran == (isa or best), f"KEEL_CPU_ISA={isa} ran the {ran} build"

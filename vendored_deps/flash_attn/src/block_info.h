@@ -37,9 +37,12 @@ static FLASH_HOST_DEVICE BlockInfo block_info(const Flash_fwd_params& p, int b) 
     s.q_off = b * p.q_batch_stride;
     s.o_off = b * p.o_batch_stride;
   }
-  if (p.seqused_k) s.sk = p.seqused_k[b];
-  else if (p.cu_seqlens_k) s.sk = p.is_seqlens_k_cumulative ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.cu_seqlens_k[b];
-  else s.sk = p.seqlen_k;
+  if (p.seqused_k)
+    s.sk = p.seqused_k[b];
+  else if (p.cu_seqlens_k)
+    s.sk = p.is_seqlens_k_cumulative ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : p.cu_seqlens_k[b];
+  else
+    s.sk = p.seqlen_k;
   return s;
 }
 

@@ -12,8 +12,8 @@
 // Errors are C++ exceptions with the argument named; an embedding project may route them by
 // defining FLASH_CHECK before including this header (as DeepGEMM allows for its macros).
 #ifndef FLASH_CHECK
-#define FLASH_CHECK(cond, msg)                                    \
-  do {                                                            \
+#define FLASH_CHECK(cond, msg)                                          \
+  do {                                                                  \
     if (__builtin_expect(!(cond), 0)) throw std::invalid_argument(msg); \
   } while (0)
 #endif

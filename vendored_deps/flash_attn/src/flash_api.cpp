@@ -69,7 +69,8 @@ const int* int_vector(const char* name, const TensorView& t, int64_t n) {
 
 void check_heads(const TensorView& q, const TensorView& k, int head_dim_index) {
   const int64_t h = q.size(-2), h_k = k.size(-2), d = q.size(-1);
-  FLASH_REQUIRE(h_k > 0 && h % h_k == 0, "number of heads in q (", h, ") must be a multiple of the kv heads (", h_k, ")");
+  FLASH_REQUIRE(h_k > 0 && h % h_k == 0, "number of heads in q (", h, ") must be a multiple of the kv heads (", h_k,
+                ")");
   FLASH_REQUIRE(h / h_k <= 256, "at most 256 query heads per kv head are supported, got ", h / h_k);
   FLASH_REQUIRE(d > 0 && d % 8 == 0 && d <= 256, "head_size must be a positive multiple of 8 up to 256, got ", d);
   FLASH_REQUIRE(k.size(head_dim_index) == d, "k must have head_size ", d, ", got shape ", shape(k));
@@ -91,12 +92,12 @@ void check_block_table(const TensorView& bt, int b, const int* seqlens_k, int pa
   const int* t = static_cast<const int*>(bt.data);
   for (int i = 0; i < b; ++i) {
     const int64_t used = (int64_t(seqlens_k[i]) + page - 1) / page;
-    FLASH_REQUIRE(used <= bt.size(1), "sequence ", i, " has ", seqlens_k[i], " keys, more than its block_table row holds (",
-                  bt.size(1), " blocks of ", page, ")");
+    FLASH_REQUIRE(used <= bt.size(1), "sequence ", i, " has ", seqlens_k[i],
+                  " keys, more than its block_table row holds (", bt.size(1), " blocks of ", page, ")");
     for (int64_t j = 0; j < used; ++j) {
       const int blk = t[i * bt.stride(0) + j];
-      FLASH_REQUIRE(blk >= 0 && blk < num_blocks, "block_table[", i, "][", j, "] = ", blk,
-                    " is outside the cache's ", num_blocks, " blocks");
+      FLASH_REQUIRE(blk >= 0 && blk < num_blocks, "block_table[", i, "][", j, "] = ", blk, " is outside the cache's ",
+                    num_blocks, " blocks");
     }
   }
 }
@@ -183,9 +184,15 @@ void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, 
   }
   const CpuRun cpu{g_parallel_for, g_num_threads};
   switch (cpu_isa()) {
-    case CpuIsa::kAvx512: cpu_avx512::run_mha_fwd(params, cpu); break;
-    case CpuIsa::kAvx2: cpu_avx2::run_mha_fwd(params, cpu); break;
-    default: cpu_base::run_mha_fwd(params, cpu); break;
+    case CpuIsa::kAvx512:
+      cpu_avx512::run_mha_fwd(params, cpu);
+      break;
+    case CpuIsa::kAvx2:
+      cpu_avx2::run_mha_fwd(params, cpu);
+      break;
+    default:
+      cpu_base::run_mha_fwd(params, cpu);
+      break;
   }
 }
 
@@ -204,9 +211,12 @@ CpuIsa cpu_isa() { return static_cast<CpuIsa>(std::min(static_cast<int>(supporte
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return "avx512";
-    case CpuIsa::kAvx2: return "avx2";
-    default: return "base";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    default:
+      return "base";
   }
 }
 
@@ -228,12 +238,12 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
   check_same("out", out, "q", q);
   FLASH_REQUIRE(out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == q.size(2),
                 "out must have the shape of q ", shape(q), ", got ", shape(out));
-  FLASH_REQUIRE(cu_seqlens_q.ndim == 1 && cu_seqlens_q.size(0) >= 1, "cu_seqlens_q must be 1-D [batch_size + 1], got shape ",
-                shape(cu_seqlens_q));
+  FLASH_REQUIRE(cu_seqlens_q.ndim == 1 && cu_seqlens_q.size(0) >= 1,
+                "cu_seqlens_q must be 1-D [batch_size + 1], got shape ", shape(cu_seqlens_q));
   const int b = int(cu_seqlens_q.size(0) - 1);
   const int* cu_q = int_vector("cu_seqlens_q", cu_seqlens_q, b + 1);
-  FLASH_REQUIRE(max_seqlen_q >= 0 && max_seqlen_k >= 0, "max_seqlen_q and max_seqlen_k must be >= 0, got ", max_seqlen_q,
-                " and ", max_seqlen_k);
+  FLASH_REQUIRE(max_seqlen_q >= 0 && max_seqlen_k >= 0, "max_seqlen_q and max_seqlen_k must be >= 0, got ",
+                max_seqlen_q, " and ", max_seqlen_k);
   FLASH_REQUIRE(paged || cu_seqlens_k.has_value(), "cu_seqlens_k is required without a block_table");
   FLASH_REQUIRE(!paged || seqused_k.has_value(), "seqused_k is required with a block_table (keys per sequence)");
   const int* cu_k = cu_seqlens_k ? int_vector("cu_seqlens_k", *cu_seqlens_k, b + 1) : nullptr;
@@ -322,8 +332,8 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
                   shape(*block_table));
     capacity = int(block_table->size(1) * kcache.size(1));
   } else {
-    FLASH_REQUIRE(kcache.size(0) == b, "k_cache must be [batch_size=", b, ", seqlen_k, h_k, d] without a block_table, got ",
-                  shape(kcache));
+    FLASH_REQUIRE(kcache.size(0) == b, "k_cache must be [batch_size=", b,
+                  ", seqlen_k, h_k, d] without a block_table, got ", shape(kcache));
     capacity = int(kcache.size(1));
   }
   std::vector<int> lens(b, capacity);

@@ -11,11 +11,16 @@ enum class DType { kFloat32, kBFloat16, kFloat16, kInt32, kOther };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat16: return "float16";
-    case DType::kInt32: return "int32";
-    default: return "an unsupported dtype";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kInt32:
+      return "int32";
+    default:
+      return "an unsupported dtype";
   }
 }
 
@@ -26,7 +31,7 @@ struct TensorView {
   int ndim = 0;
   int64_t sizes[kMaxDims] = {};
   int64_t strides[kMaxDims] = {};  // in elements
-  bool is_cuda = false;  // device memory: the host never reads it (index checks are skipped)
+  bool is_cuda = false;            // device memory: the host never reads it (index checks are skipped)
 
   int64_t size(int i) const { return sizes[i < 0 ? i + ndim : i]; }
   int64_t stride(int i) const { return strides[i < 0 ? i + ndim : i]; }

@@ -49,8 +49,16 @@ class ChatCompletionRequest(SamplingRequest):
     web_search_options: Any = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + (
-        "top_logprobs", "tools", "tool_choice", "functions", "function_call", "response_format",
-        "audio", "prediction", "reasoning_effort", "web_search_options",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "response_format",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
     )
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Literal
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -33,22 +34,39 @@ class OpenAIServingChat:
             raise bad_request(f"cannot apply the model's chat template: {exc}", "messages") from exc
         max_tokens = s.max_tokens_for(req, req.max_new_tokens, len(ids), default=None)
         gen = await s.start("chatcmpl", req, [ids], [max_tokens])
-        return await s.respond(raw, req, gen, lambda: self._events(req, gen), lambda: ChatCompletionResponse(
-            id=gen.request_id,
-            created=gen.created,
-            model=req.model,
-            choices=[ChatCompletionChoice(index=c.index, message=ChatCompletionMessage(content=c.text),
-                                          finish_reason=c.finish_reason) for c in gen.ordered()],
-            usage=gen.usage(),
-        ))
+        return await s.respond(
+            raw,
+            req,
+            gen,
+            lambda: self._events(req, gen),
+            lambda: ChatCompletionResponse(
+                id=gen.request_id,
+                created=gen.created,
+                model=req.model,
+                choices=[
+                    ChatCompletionChoice(
+                        index=c.index, message=ChatCompletionMessage(content=c.text), finish_reason=c.finish_reason
+                    )
+                    for c in gen.ordered()
+                ],
+                usage=gen.usage(),
+            ),
+        )
 
     async def _events(self, req: ChatCompletionRequest, gen: Generation) -> AsyncIterator[str]:
         usage = {"usage": None} if req.include_usage else {}
 
-        def chunk(index: int, delta: DeltaMessage, finish: str | None = None) -> str:
+        def chunk(index: int, delta: DeltaMessage, finish: Literal["stop", "length"] | None = None) -> str:
             choice = ChatCompletionStreamChoice(index=index, delta=delta, finish_reason=finish)
-            return sse(ChatCompletionStreamResponse(id=gen.request_id, created=gen.created, model=req.model,
-                                                    choices=[choice], **usage))
+            return sse(
+                ChatCompletionStreamResponse(
+                    id=gen.request_id,
+                    created=gen.created,
+                    model=req.model,
+                    choices=[choice],
+                    **usage,  # type: ignore[arg-type]  # usage: null only when include_usage
+                )
+            )
 
         for c in gen.ordered():  # OpenAI's first chunk per choice: the role, empty content
             yield chunk(c.index, DeltaMessage(role="assistant", content=""))
@@ -58,6 +76,9 @@ class OpenAIServingChat:
             if out.finished:
                 yield chunk(choice.index, DeltaMessage(), choice.finish_reason)
         if req.include_usage:
-            yield sse(ChatCompletionStreamResponse(id=gen.request_id, created=gen.created, model=req.model,
-                                                   choices=[], usage=gen.usage()))
+            yield sse(
+                ChatCompletionStreamResponse(
+                    id=gen.request_id, created=gen.created, model=req.model, choices=[], usage=gen.usage()
+                )
+            )
         yield SSE_DONE

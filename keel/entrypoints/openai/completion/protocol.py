@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import Field, model_validator
 
@@ -40,8 +40,8 @@ class CompletionRequest(SamplingRequest):
         if isinstance(p, str):
             return [p]
         if p and isinstance(p[0], int):
-            return [p]  # type: ignore[list-item]
-        return list(p)  # type: ignore[arg-type]
+            return [cast(list[int], p)]
+        return cast("list[str] | list[list[int]]", list(p))
 
 
 class CompletionChoice(ResponseModel):

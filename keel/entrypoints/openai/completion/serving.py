@@ -33,14 +33,21 @@ class OpenAIServingCompletion:
             prompts.append(ids)
         max_tokens = [s.max_tokens_for(req, req.max_tokens, len(ids), default=16) for ids in prompts]
         gen = await s.start("cmpl", req, prompts, max_tokens)
-        return await s.respond(raw, req, gen, lambda: self._events(req, gen), lambda: CompletionResponse(
-            id=gen.request_id,
-            created=gen.created,
-            model=req.model,
-            choices=[CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason)
-                     for c in gen.ordered()],
-            usage=gen.usage(),
-        ))
+        return await s.respond(
+            raw,
+            req,
+            gen,
+            lambda: self._events(req, gen),
+            lambda: CompletionResponse(
+                id=gen.request_id,
+                created=gen.created,
+                model=req.model,
+                choices=[
+                    CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason) for c in gen.ordered()
+                ],
+                usage=gen.usage(),
+            ),
+        )
 
     async def _events(self, req: CompletionRequest, gen: Generation) -> AsyncIterator[str]:
         rid = gen.request_id
@@ -49,14 +56,15 @@ class OpenAIServingCompletion:
             if not out.delta_text and not out.finished:
                 continue  # a token that completes no character yet (or held back for a stop string)
             chunk = CompletionStreamResponse(
-                id=rid, created=gen.created, model=req.model,
-                choices=[CompletionChoice(index=choice.index, text=out.delta_text,
-                                          finish_reason=choice.finish_reason)],
-                **usage,
+                id=rid,
+                created=gen.created,
+                model=req.model,
+                choices=[CompletionChoice(index=choice.index, text=out.delta_text, finish_reason=choice.finish_reason)],
+                **usage,  # type: ignore[arg-type]  # usage: null only when include_usage (the field set)
             )
             yield sse(chunk)
         if req.include_usage:
-            yield sse(CompletionStreamResponse(id=rid, created=gen.created, model=req.model, choices=[],
-                                               usage=gen.usage()))
+            yield sse(
+                CompletionStreamResponse(id=rid, created=gen.created, model=req.model, choices=[], usage=gen.usage())
+            )
         yield SSE_DONE
-

@@ -26,18 +26,17 @@ float scale_of(float amax, bool use_ue8m0) {
   return use_ue8m0 ? std::exp2(std::ceil(std::log2(s))) : s;
 }
 
-void check_cast_args(const char* op, const TensorView& x, const TensorView& out, const TensorView& sf,
-                     int64_t sf_rows, int64_t sf_cols) {
+void check_cast_args(const char* op, const TensorView& x, const TensorView& out, const TensorView& sf, int64_t sf_rows,
+                     int64_t sf_cols) {
   DG_HOST_ASSERT(x.device == Device::kCPU && out.device == Device::kCPU && sf.device == Device::kCPU, op,
                  ": only CPU tensors are supported by this build's casts");
-  DG_HOST_ASSERT(x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat32, op,
-                 ": x must be bfloat16 or float32, got ", dtype_name(x.dtype));
-  DG_HOST_ASSERT(out.dtype == DType::kFloat8E4M3 && out.ndim == 2 && out.sizes[0] == x.sizes[0] &&
-                     out.sizes[1] == x.sizes[1],
-                 op, ": out must be float8_e4m3fn ", x.shape(), ", got ", dtype_name(out.dtype), " ", out.shape());
-  DG_HOST_ASSERT(sf.dtype == DType::kFloat32 && sf.ndim == 2 && sf.sizes[0] == sf_rows && sf.sizes[1] == sf_cols,
-                 op, ": sf must be float32 [", sf_rows, ", ", sf_cols, "], got ", dtype_name(sf.dtype), " ",
-                 sf.shape());
+  DG_HOST_ASSERT(x.dtype == DType::kBFloat16 || x.dtype == DType::kFloat32, op, ": x must be bfloat16 or float32, got ",
+                 dtype_name(x.dtype));
+  DG_HOST_ASSERT(
+      out.dtype == DType::kFloat8E4M3 && out.ndim == 2 && out.sizes[0] == x.sizes[0] && out.sizes[1] == x.sizes[1], op,
+      ": out must be float8_e4m3fn ", x.shape(), ", got ", dtype_name(out.dtype), " ", out.shape());
+  DG_HOST_ASSERT(sf.dtype == DType::kFloat32 && sf.ndim == 2 && sf.sizes[0] == sf_rows && sf.sizes[1] == sf_cols, op,
+                 ": sf must be float32 [", sf_rows, ", ", sf_cols, "], got ", dtype_name(sf.dtype), " ", sf.shape());
 }
 
 }  // namespace
@@ -88,7 +87,8 @@ void per_block_cast_to_fp8(const TensorView& x, const TensorView& out, const Ten
       const float scale = scale_of(amax, use_ue8m0);
       s[(b / kb) * sf.strides[0] + (b % kb) * sf.strides[1]] = scale;
       for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) o[r * out.strides[0] + c * out.strides[1]] = float_to_e4m3(load_x(x, r, c) / scale);
+        for (int64_t c = c0; c < c1; ++c)
+          o[r * out.strides[0] + c * out.strides[1]] = float_to_e4m3(load_x(x, r, c) / scale);
       }
     }
   });

@@ -11,10 +11,9 @@
 
 namespace deep_gemm {
 
-void per_token_cast_to_fp8(const TensorView& x, const TensorView& out, const TensorView& sf,
-                           bool use_ue8m0 = false, int gran_k = 128);
+void per_token_cast_to_fp8(const TensorView& x, const TensorView& out, const TensorView& sf, bool use_ue8m0 = false,
+                           int gran_k = 128);
 
-void per_block_cast_to_fp8(const TensorView& x, const TensorView& out, const TensorView& sf,
-                           bool use_ue8m0 = false);
+void per_block_cast_to_fp8(const TensorView& x, const TensorView& out, const TensorView& sf, bool use_ue8m0 = false);
 
 }  // namespace deep_gemm

@@ -24,8 +24,8 @@ struct E4M3Table {  // exact value of every e4m3fn byte
 };
 
 void check_2d(const char* op, const char* arg, const TensorView& t, int64_t rows, int64_t cols) {
-  DG_HOST_ASSERT(t.ndim == 2 && t.sizes[0] == rows && t.sizes[1] == cols, op, ": ", arg, " must be [", rows, ", ",
-                 cols, "], got ", t.shape());
+  DG_HOST_ASSERT(t.ndim == 2 && t.sizes[0] == rows && t.sizes[1] == cols, op, ": ", arg, " must be [", rows, ", ", cols,
+                 "], got ", t.shape());
 }
 
 void check_dtype(const char* op, const char* arg, const TensorView& t, DType want) {
@@ -44,16 +44,16 @@ void check_same_device(const char* op, const char* arg, const TensorView& t, con
 
 void check_k_major(const char* op, const char* arg, const TensorView& t) {
   DG_HOST_ASSERT(t.ndim == 2 && (t.strides[1] == 1 || t.sizes[1] <= 1), op, ": ", arg,
-                 " must be K-major (unit stride along its last dim), got strides [", t.strides[0], ", ",
-                 t.strides[1], "]");
+                 " must be K-major (unit stride along its last dim), got strides [", t.strides[0], ", ", t.strides[1],
+                 "]");
 }
 
 // Shared by both GEMMs: a [m, k], b [n, k], d and c [m, n].
 void check_operands(const char* op, const TensorView& a, const TensorView& b, const TensorView& d,
                     const std::optional<TensorView>& c) {
   DG_HOST_ASSERT(a.ndim == 2, op, ": a must be 2-D [M, K], got ", a.shape());
-  DG_HOST_ASSERT(b.ndim == 2 && b.sizes[1] == a.sizes[1], op, ": b must be [N, ", a.sizes[1],
-                 "] (K of a), got ", b.shape());
+  DG_HOST_ASSERT(b.ndim == 2 && b.sizes[1] == a.sizes[1], op, ": b must be [N, ", a.sizes[1], "] (K of a), got ",
+                 b.shape());
   check_k_major(op, "a", a);
   check_k_major(op, "b", b);
   check_2d(op, "d", d, a.sizes[0], b.sizes[0]);
@@ -67,8 +67,8 @@ void check_operands(const char* op, const TensorView& a, const TensorView& b, co
   }
 }
 
-cpu::GemmParams output_params(const TensorView& b, const TensorView& d, const std::optional<TensorView>& c,
-                              int64_t m, int64_t n, int64_t k) {
+cpu::GemmParams output_params(const TensorView& b, const TensorView& d, const std::optional<TensorView>& c, int64_t m,
+                              int64_t n, int64_t k) {
   cpu::GemmParams p;
   p.b = b.data;
   p.b_dtype = b.dtype;
@@ -92,9 +92,14 @@ cpu::GemmParams output_params(const TensorView& b, const TensorView& d, const st
 void run_cpu(const cpu::GemmParams& p) {
   void (*kernel)(const cpu::GemmParams&, int64_t, int64_t) = cpu_base::gemm_nt_rows;
   switch (cpu_isa()) {
-    case CpuIsa::kAVX512: kernel = cpu_avx512::gemm_nt_rows; break;
-    case CpuIsa::kAVX2: kernel = cpu_avx2::gemm_nt_rows; break;
-    default: break;
+    case CpuIsa::kAVX512:
+      kernel = cpu_avx512::gemm_nt_rows;
+      break;
+    case CpuIsa::kAVX2:
+      kernel = cpu_avx2::gemm_nt_rows;
+      break;
+    default:
+      break;
   }
   // each chunk streams at least 64 KB of B
   const int64_t row_bytes = p.k * element_size(p.b_dtype) * (p.m > 8 ? p.m / 8 : 1);
@@ -169,8 +174,8 @@ void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a, const std::pair<Ten
   if (recipe) {
     const auto [rm, rn, rk] = *recipe;
     DG_HOST_ASSERT(rm == 1 && (rn == 128 || rn == 1) && rk == 128, op,
-                   ": recipe must be (1, 128, 128) (128x128-block B scales) or (1, 1, 128) (1x128 B scales), got (",
-                   rm, ", ", rn, ", ", rk, ")");
+                   ": recipe must be (1, 128, 128) (128x128-block B scales) or (1, 1, 128) (1x128 B scales), got (", rm,
+                   ", ", rn, ", ", rk, ")");
     gran_n = rn;
   }
   check_dtype(op, "a", av, DType::kFloat8E4M3);

@@ -21,15 +21,12 @@ namespace deep_gemm {
 // 128x128 blocks) or (1, 1, 128) (upstream's "1D1D": B scaled per row and 128-wide K group, sfb
 // [N, ceil(K/128)]); `disable_ue8m0_cast` is accepted for call-shape compatibility (scales here
 // are always fp32, never packed UE8M0). `stream` is the cudaStream_t for CUDA views.
-void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a,
-                 const std::pair<TensorView, TensorView>& b,
-                 const TensorView& d,
-                 const std::optional<TensorView>& c,
-                 std::optional<std::tuple<int, int, int>> recipe = std::nullopt,
-                 bool disable_ue8m0_cast = false,
+void fp8_gemm_nt(const std::pair<TensorView, TensorView>& a, const std::pair<TensorView, TensorView>& b,
+                 const TensorView& d, const std::optional<TensorView>& c,
+                 std::optional<std::tuple<int, int, int>> recipe = std::nullopt, bool disable_ue8m0_cast = false,
                  void* stream = nullptr);
 
-void bf16_gemm_nt(const TensorView& a, const TensorView& b, const TensorView& d,
-                  const std::optional<TensorView>& c, void* stream = nullptr);
+void bf16_gemm_nt(const TensorView& a, const TensorView& b, const TensorView& d, const std::optional<TensorView>& c,
+                  void* stream = nullptr);
 
 }  // namespace deep_gemm

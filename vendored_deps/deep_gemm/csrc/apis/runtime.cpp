@@ -22,8 +22,7 @@ CpuIsa best_supported() {
   static const CpuIsa best = [] {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     // every feature the avx512 build is compiled with
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

@@ -237,7 +237,8 @@ void rows_fp8_bf16dot(const cpu::GemmParams& p, int64_t n_begin, int64_t n_end) 
       __mmask64 nan = 0;
       for (int64_t kb = 0; kb < k_blocks; ++kb) {
         const uint8_t* src = static_cast<const uint8_t*>(p.b) + n * p.ldb + kb * kBlockK;
-        if (k_tail && kb == k_blocks - 1) src = static_cast<const uint8_t*>(std::memcpy(pad8, src, static_cast<size_t>(k_tail)));
+        if (k_tail && kb == k_blocks - 1)
+          src = static_cast<const uint8_t*>(std::memcpy(pad8, src, static_cast<size_t>(k_tail)));
         __m512bh w[4];
         __mmask64 subnormal = 0;
         for (int j = 0; j < 2; ++j) {

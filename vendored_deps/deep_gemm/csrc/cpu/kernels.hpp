@@ -16,7 +16,7 @@ struct GemmParams {
   // values times 2^64 as bf16 (exact), [m, lda], zero past k, and sfa as [m, lda / 128] contiguous
   const uint16_t* a16 = nullptr;
   const float* sfa = nullptr;
-  const void* b = nullptr;   // [n, k] rows of e4m3 or bf16, unit stride along k
+  const void* b = nullptr;  // [n, k] rows of e4m3 or bf16, unit stride along k
   DType b_dtype = DType::kFloat8E4M3;
   int64_t ldb = 0;
   const float* sfb = nullptr;  // fp8 only: [ceil(n/sfb_gran_n), ceil(k/128)]
@@ -33,9 +33,9 @@ struct GemmParams {
 
 }  // namespace deep_gemm::cpu
 
-#define DG_DECLARE_CPU_KERNELS(ns)                                                 \
-  namespace deep_gemm::ns {                                                        \
-  void gemm_nt_rows(const cpu::GemmParams& p, int64_t n_begin, int64_t n_end);     \
+#define DG_DECLARE_CPU_KERNELS(ns)                                             \
+  namespace deep_gemm::ns {                                                    \
+  void gemm_nt_rows(const cpu::GemmParams& p, int64_t n_begin, int64_t n_end); \
   }
 
 DG_DECLARE_CPU_KERNELS(cpu_base)

@@ -88,8 +88,7 @@ __global__ void gemm_nt_warp_kernel(const GemmArgs g) {
 
 void launch_gemm_nt(const GemmArgs& g, void* stream) {
   if (g.m == 0 || g.n == 0) return;
-  const dim3 grid(static_cast<unsigned>((g.n + kWarps - 1) / kWarps),
-                  static_cast<unsigned>(g.m < 65535 ? g.m : 65535));
+  const dim3 grid(static_cast<unsigned>((g.n + kWarps - 1) / kWarps), static_cast<unsigned>(g.m < 65535 ? g.m : 65535));
   gemm_nt_warp_kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(g);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {

@@ -27,11 +27,11 @@ template <typename... Args>
 
 // DG_HOST_ASSERT(cond, "deep_gemm::fp8_gemm_nt: d must be ...", value): throws DGException
 #ifndef DG_HOST_ASSERT
-#define DG_HOST_ASSERT(cond, ...)                  \
-  do {                                             \
-    if (__builtin_expect(!(cond), 0)) {            \
-      ::deep_gemm::detail::fail(__VA_ARGS__);      \
-    }                                              \
+#define DG_HOST_ASSERT(cond, ...)             \
+  do {                                        \
+    if (__builtin_expect(!(cond), 0)) {       \
+      ::deep_gemm::detail::fail(__VA_ARGS__); \
+    }                                         \
   } while (0)
 #endif
 

@@ -8,7 +8,8 @@
 namespace deep_gemm {
 
 // body(ctx, begin, end) over [0, n) in chunks of at least `grain` items
-using ParallelForFn = void (*)(int64_t n, int64_t grain, void* ctx, void (*body)(void* ctx, int64_t begin, int64_t end));
+using ParallelForFn = void (*)(int64_t n, int64_t grain, void* ctx,
+                               void (*body)(void* ctx, int64_t begin, int64_t end));
 
 void set_parallel_for(ParallelForFn fn);
 

@@ -14,19 +14,27 @@ enum class Device : int { kCPU = 0, kCUDA = 1 };
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kFloat8E4M3: return "float8_e4m3fn";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat32: return "float32";
-    default: return "an unsupported dtype";
+    case DType::kFloat8E4M3:
+      return "float8_e4m3fn";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+    default:
+      return "an unsupported dtype";
   }
 }
 
 inline int64_t element_size(DType t) {
   switch (t) {
-    case DType::kFloat8E4M3: return 1;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat32: return 4;
-    default: return 0;
+    case DType::kFloat8E4M3:
+      return 1;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+      return 4;
+    default:
+      return 0;
   }
 }
 
@@ -43,7 +51,9 @@ struct TensorView {
   int64_t size(int d) const { return sizes[d < 0 ? d + ndim : d]; }
   int64_t stride(int d) const { return strides[d < 0 ? d + ndim : d]; }
   template <typename T>
-  T* ptr() const { return static_cast<T*>(data); }
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
 
   std::string shape() const {
     std::string s = "[";

@@ -14,8 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
@@ -27,10 +27,10 @@ namespace {
 
 struct Job {
   const Flash_fwd_params* p;
-  int block_m;     // query positions per item
-  int n_mblocks;   // item blocks along the queries
-  int dp;          // padded head dim
-  int kv_group;    // kv heads per item (all of them for decode: each page is then read once)
+  int block_m;    // query positions per item
+  int n_mblocks;  // item blocks along the queries
+  int dp;         // padded head dim
+  int kv_group;   // kv heads per item (all of them for decode: each page is then read once)
 };
 
 struct Scratch {
@@ -124,15 +124,19 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk0, int split) {
       } else {
         for (int jj = 0; jj < kTileN; ++jj) {
           float* dst = sc.kf.data() + size_t(jj) * dp;
-          if (jj < nk) load_row(k + krow + int64_t(jj) * p.k_row_stride, dst, d, dp);
-          else std::fill(dst, dst + dp, 0.f);
+          if (jj < nk)
+            load_row(k + krow + int64_t(jj) * p.k_row_stride, dst, d, dp);
+          else
+            std::fill(dst, dst + dp, 0.f);
         }
         for (int r = r0; r < r1; ++r) scores16_f32(Q + size_t(r) * dp, sc.kf.data(), dp, S + r * kTileN);
       }
 #else
-      for (int jj = 0; jj < nk; ++jj) load_row(k + krow + int64_t(jj) * p.k_row_stride, sc.kf.data() + size_t(jj) * dp, d, dp);
+      for (int jj = 0; jj < nk; ++jj)
+        load_row(k + krow + int64_t(jj) * p.k_row_stride, sc.kf.data() + size_t(jj) * dp, d, dp);
       for (int r = r0; r < r1; ++r)
-        for (int jj = 0; jj < nk; ++jj) S[r * kTileN + jj] = dot(Q + size_t(r) * dp, sc.kf.data() + size_t(jj) * dp, dp);
+        for (int jj = 0; jj < nk; ++jj)
+          S[r * kTileN + jj] = dot(Q + size_t(r) * dp, sc.kf.data() + size_t(jj) * dp, dp);
 #endif
     }
     // online softmax update per row
@@ -169,7 +173,8 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk0, int split) {
     for (int kvl = 0; kvl < nkv; ++kvl) {
       const int hk = hk0 + kvl, r0 = kvl * PH, r1 = r0 + PH;
       const int64_t vrow = vrow0 + int64_t(hk) * p.v_head_stride;
-      for (int jj = 0; jj < nk; ++jj) load_row(v + vrow + int64_t(jj) * p.v_row_stride, sc.vf.data() + size_t(jj) * dp, d, dp);
+      for (int jj = 0; jj < nk; ++jj)
+        load_row(v + vrow + int64_t(jj) * p.v_row_stride, sc.vf.data() + size_t(jj) * dp, d, dp);
       for (int r = r0; r < r1; ++r) {
         if (sc.m[r] != kNegInf) pv_tile(S + r * kTileN, sc.vf.data(), nk, dp, O + size_t(r) * dp);
       }
@@ -257,13 +262,17 @@ void run_typed(const Flash_fwd_params& p, const CpuRun& run) {
   job.block_m = std::min(job.block_m, std::max(1, 256 / p.h_h_k_ratio));
   job.n_mblocks = (p.seqlen_q + job.block_m - 1) / job.block_m;
   const int64_t items = int64_t(p.b) * job.n_mblocks * (p.h_k / job.kv_group) * p.num_splits;
-  if (run.parallel_for) run.parallel_for(items, 1, &job, &attend_items<T>);
-  else attend_items<T>(&job, 0, items);
+  if (run.parallel_for)
+    run.parallel_for(items, 1, &job, &attend_items<T>);
+  else
+    attend_items<T>(&job, 0, items);
   if (p.num_splits > 1) {
     const int64_t rows = int64_t(p.total_q) * p.h;
     const int64_t grain = std::max<int64_t>(1, 4096 / std::max(1, p.d * p.num_splits));
-    if (run.parallel_for) run.parallel_for(rows, grain, &job, &combine<T>);
-    else combine<T>(&job, 0, rows);
+    if (run.parallel_for)
+      run.parallel_for(rows, grain, &job, &combine<T>);
+    else
+      combine<T>(&job, 0, rows);
   }
 }
 
@@ -271,10 +280,17 @@ void run_typed(const Flash_fwd_params& p, const CpuRun& run) {
 
 void run_mha_fwd(const Flash_fwd_params& params, const CpuRun& run) {
   switch (params.dtype) {
-    case DType::kFloat32: run_typed<float>(params, run); break;
-    case DType::kBFloat16: run_typed<bf16_t>(params, run); break;
-    case DType::kFloat16: run_typed<fp16_t>(params, run); break;
-    default: throw std::invalid_argument("flash_attn: unsupported dtype");
+    case DType::kFloat32:
+      run_typed<float>(params, run);
+      break;
+    case DType::kBFloat16:
+      run_typed<bf16_t>(params, run);
+      break;
+    case DType::kFloat16:
+      run_typed<fp16_t>(params, run);
+      break;
+    default:
+      throw std::invalid_argument("flash_attn: unsupported dtype");
   }
 }
 

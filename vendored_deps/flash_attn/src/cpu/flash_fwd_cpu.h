@@ -4,8 +4,8 @@
 
 #include "../flash.h"
 
-#define FLASH_DECLARE_CPU_ISA(ns) \
-  namespace ns {                  \
+#define FLASH_DECLARE_CPU_ISA(ns)                                      \
+  namespace ns {                                                       \
   void run_mha_fwd(const Flash_fwd_params& params, const CpuRun& run); \
   }
 

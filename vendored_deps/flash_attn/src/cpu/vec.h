@@ -27,13 +27,25 @@ constexpr int kTileN = 16;  // keys per tile (a tile ends early at a page block 
 constexpr int kPad = 16;    // head dim padded to a multiple of this in the fp32 scratch rows
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct bf16_t { uint16_t x; };
-struct fp16_t { uint16_t x; };
+struct bf16_t {
+  uint16_t x;
+};
+struct fp16_t {
+  uint16_t x;
+};
 
 // ---- scalar conversions --------------------------------------------------------------------
 
-inline float bits_to_f32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t f32_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float bits_to_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t f32_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 inline float to_f32(float v) { return v; }
 inline float to_f32(bf16_t v) { return bits_to_f32(uint32_t(v.x) << 16); }
@@ -52,15 +64,21 @@ inline float to_f32(fp16_t v) {
 #endif
 }
 
-template <typename T> T from_f32(float f);
-template <> inline float from_f32<float>(float f) { return f; }
-template <> inline bf16_t from_f32<bf16_t>(float f) {
+template <typename T>
+T from_f32(float f);
+template <>
+inline float from_f32<float>(float f) {
+  return f;
+}
+template <>
+inline bf16_t from_f32<bf16_t>(float f) {
   uint32_t u = f32_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((u >> 16) | 0x40u)};  // nan stays nan
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                                                  // round to nearest even
   return bf16_t{uint16_t(u >> 16)};
 }
-template <> inline fp16_t from_f32<fp16_t>(float f) {
+template <>
+inline fp16_t from_f32<fp16_t>(float f) {
 #if defined(VENDORED_CPU_ISA_AVX2) || defined(VENDORED_CPU_ISA_AVX512)
   return fp16_t{uint16_t(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT))};
 #else
@@ -119,7 +137,6 @@ inline float dot(const float* __restrict__ a, const float* __restrict__ b, int d
   return s;
 }
 #endif
-
 
 #if defined(VENDORED_CPU_ISA_AVX512)
 // out lane j = sum of the 16 lanes of v[j]: a transposing reduction tree (15 adds for 16 rows

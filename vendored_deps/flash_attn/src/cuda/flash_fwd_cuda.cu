@@ -12,27 +12,37 @@
 #include <stdexcept>
 #include <string>
 
-#include "flash_fwd_cuda.h"
 #include "../block_info.h"
 #include "../flash_api.h"
+#include "flash_fwd_cuda.h"
 
 namespace flash {
 // a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
 // source file's absolute path, so the library's bytes would depend on the build folder
 namespace flash_fwd_cuda_detail {
 
-constexpr int kWarps = 4;            // query rows per block
-constexpr int kMaxD = 256;           // head dim limit (checked on the host)
+constexpr int kWarps = 4;   // query rows per block
+constexpr int kMaxD = 256;  // head dim limit (checked on the host)
 constexpr int kPerLane = kMaxD / 32;
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
@@ -111,10 +121,17 @@ void run_mha_fwd_cuda(const Flash_fwd_params& params, void* stream) {
   const dim3 grid((params.seqlen_q + kWarps - 1) / kWarps, params.h, params.b);
   const auto s = static_cast<cudaStream_t>(stream);
   switch (params.dtype) {
-    case DType::kFloat32: flash_fwd_kernel<float><<<grid, kWarps * 32, 0, s>>>(params); break;
-    case DType::kBFloat16: flash_fwd_kernel<__nv_bfloat16><<<grid, kWarps * 32, 0, s>>>(params); break;
-    case DType::kFloat16: flash_fwd_kernel<__half><<<grid, kWarps * 32, 0, s>>>(params); break;
-    default: throw std::invalid_argument("unsupported dtype on CUDA");
+    case DType::kFloat32:
+      flash_fwd_kernel<float><<<grid, kWarps * 32, 0, s>>>(params);
+      break;
+    case DType::kBFloat16:
+      flash_fwd_kernel<__nv_bfloat16><<<grid, kWarps * 32, 0, s>>>(params);
+      break;
+    case DType::kFloat16:
+      flash_fwd_kernel<__half><<<grid, kWarps * 32, 0, s>>>(params);
+      break;
+    default:
+      throw std::invalid_argument("unsupported dtype on CUDA");
   }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw std::runtime_error(std::string("CUDA launch failed: ") + cudaGetErrorString(err));
