@@ -47,7 +47,7 @@ def test_opcheck_fwd_kvcache():
 
 def test_namespace_and_ops():
     assert _ops.NAMESPACE == "keel_flash_attn"
-    assert set(_ops.OPS) == {"varlen_fwd", "fwd_kvcache", "cpu_isa"}
+    assert set(_ops.OPS) == {"varlen_fwd", "fwd_kvcache", "cpu_isa", "last_splitkv_stats"}
     assert _ops.LIBRARY.cpu.name == "_C.abi3.so"
 
 
