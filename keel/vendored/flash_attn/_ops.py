@@ -191,7 +191,7 @@ def _varlen_fwd_fake(
         if k.shape[1] <= 0:
             vc.fail(f"{op}: k block size (dim 1 of the paged cache) must be positive, got {k.shape[1]}")
         _block_table_rows(op, bt, b)
-    if b != 0 and q.shape[0] != 0:
+    if b != 0 and q.shape[0] != 0 and q.shape[1] != 0:  # the kernel returns early without rows or heads
         _num_splits(op, num_splits)
     return q.new_empty(q.shape)
 
@@ -239,7 +239,7 @@ def _fwd_kvcache_fake(
     _scale_and_softcap(op, scale, cap)
     if bt is not None:
         _block_table_rows(op, bt, b)
-    if b != 0 and seqlen_q != 0:
+    if b != 0 and seqlen_q != 0 and q.shape[2] != 0:
         _num_splits(op, num_splits)
     return q.new_empty(q.shape)
 

@@ -186,3 +186,14 @@ def test_split_stats_reset_by_a_call_that_runs_no_kernel():
     assert last_splitkv_stats() == (3, 3 * 4)
     flash_attn_with_kvcache(q[:0], kc[:0], kc[:0].clone())  # empty batch: returns before any kernel
     assert last_splitkv_stats() == (0, 0)
+
+
+def test_zero_query_heads_give_an_empty_output():
+    # h = 0 passes the head checks (0 is a multiple of h_k); the kernels once divided by h / h_k = 0 (SIGFPE)
+    kc = torch.randn(3, 16, 2, 64)
+    table = torch.tensor([[1]], dtype=torch.int32)
+    out = flash_attn_with_kvcache(torch.randn(1, 2, 0, 64), kc, kc.clone(), block_table=table, num_splits=3)
+    assert out.shape == (1, 2, 0, 64) and last_splitkv_stats() == (0, 0)
+    q, k = torch.randn(4, 0, 64), torch.randn(4, 2, 64)
+    out = flash_attn_varlen_func(q, k, k.clone(), cu([1, 3]), cu([1, 3]), 3, 3, causal=True, num_splits=3)
+    assert out.shape == (4, 0, 64) and last_splitkv_stats() == (0, 0)

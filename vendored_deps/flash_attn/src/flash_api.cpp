@@ -307,7 +307,7 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
     params.block_table = static_cast<int*>(block_table->data);
     params.block_table_batch_stride = block_table->stride(0);
   }
-  if (b == 0 || q.size(0) == 0) return;
+  if (b == 0 || q.size(0) == 0 || params.h == 0) return;  // nothing to compute (no query head: h / h_k = 0)
   run(params, num_splits, 64, cuda, stream);
 }
 
@@ -370,7 +370,7 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
     params.block_table = static_cast<int*>(block_table->data);
     params.block_table_batch_stride = block_table->stride(0);
   }
-  if (b == 0 || seqlen_q == 0) return;
+  if (b == 0 || seqlen_q == 0 || params.h == 0) return;
   run(params, num_splits, 64, cuda, stream);
 }
 
