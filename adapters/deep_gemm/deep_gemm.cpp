@@ -94,8 +94,11 @@ void fp8_gemm_nt(const Tensor& a, const Tensor& sfa, const Tensor& b, const Tens
              ": recipe_m, recipe_n and recipe_k must be given together (upstream's recipe tuple)");
   std::optional<std::tuple<int, int, int>> recipe;
   if (any) {
-    recipe = std::make_tuple(adapter::to_int(op, "recipe_m", *recipe_m), adapter::to_int(op, "recipe_n", *recipe_n),
-                             adapter::to_int(op, "recipe_k", *recipe_k));
+    // one statement each: the order of function arguments is unspecified, and the first bad one is named
+    const int rm = adapter::to_int(op, "recipe_m", *recipe_m);
+    const int rn = adapter::to_int(op, "recipe_n", *recipe_n);
+    const int rk = adapter::to_int(op, "recipe_k", *recipe_k);
+    recipe = std::make_tuple(rm, rn, rk);
   }
   const std::pair<dg::TensorView, dg::TensorView> pa{view(op, "a", a), view(op, "sfa", sfa)};
   const std::pair<dg::TensorView, dg::TensorView> pb{view(op, "b", b), view(op, "sfb", sfb)};

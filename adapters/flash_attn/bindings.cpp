@@ -19,4 +19,7 @@ STABLE_TORCH_LIBRARY(keel_flash_attn, m) {
       "float softmax_scale, bool causal, int window_left, int window_right, float softcap, int num_splits) -> Tensor");
   // the CPU build the kernels run now (0 base, 1 avx2, 2 avx512); `probe` picks the CPU library
   m.def("cpu_isa(Tensor probe) -> int");
+  // what this thread's last varlen_fwd / fwd_kvcache did along the keys (CPU kernels): (num_splits ran,
+  // fp32 partials the split-K combine merged); (0, 0) when it returned before any kernel ran
+  m.def("last_splitkv_stats(Tensor probe) -> (int, int)");
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include "common/adapter.h"
@@ -155,6 +156,11 @@ int64_t cpu_isa(const Tensor& probe) {
   install();
   return static_cast<int64_t>(flash::cpu_isa());
 }
+
+std::tuple<int64_t, int64_t> last_splitkv_stats(const Tensor& probe) {
+  const flash::SplitKvStats s = flash::last_splitkv_stats();
+  return {static_cast<int64_t>(s.num_splits), s.partials_combined};
+}
 #endif
 
 }  // namespace keel::flash_attn_adapter
@@ -164,5 +170,6 @@ KEEL_ADAPTER_LIBRARY_IMPL(keel_flash_attn, m) {
   KEEL_ADAPTER_IMPL(m, "fwd_kvcache", &keel::flash_attn_adapter::fwd_kvcache);
 #ifndef KEEL_CUDA_LIBRARY
   KEEL_ADAPTER_IMPL(m, "cpu_isa", &keel::flash_attn_adapter::cpu_isa);
+  KEEL_ADAPTER_IMPL(m, "last_splitkv_stats", &keel::flash_attn_adapter::last_splitkv_stats);
 #endif
 }

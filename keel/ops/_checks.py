@@ -7,6 +7,7 @@ fails where eager would, and never with a bare IndexError.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -14,12 +15,46 @@ import torch
 from keel import _compat
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
+# as csrc/stable/tensor.h scalar_type_name spells them; any other dtype is "dtype#<c10::ScalarType code>"
+_NAMES = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float64: "float64",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+}
+_SCALAR_TYPE_CODES = {
+    "complex32": 8,
+    "complex64": 9,
+    "complex128": 10,
+    "float8_e5m2": 23,
+    "float8_e4m3fn": 24,
+    "float8_e5m2fnuz": 25,
+    "float8_e4m3fnuz": 26,
+    "uint16": 27,
+    "uint32": 28,
+    "uint64": 29,
+}
 
 
 def dtype_name(dt: torch.dtype) -> str:
-    """float32, bfloat16, ... as keel's messages spell dtypes."""
-    return _NAMES.get(dt, str(dt).removeprefix("torch."))
+    """float32, bfloat16, ..., dtype#9 (complex64): as the kernels' messages spell dtypes (scalar_type_name)."""
+    if dt in _NAMES:
+        return _NAMES[dt]
+    name = str(dt).removeprefix("torch.")
+    return f"dtype#{_SCALAR_TYPE_CODES.get(name, name)}"
+
+
+def cpp_number(v: float) -> str:
+    """A double as the kernels' messages print it (`std::ostream << v`: %g; glibc spells a negative NaN -nan)."""
+    if math.isnan(v):
+        return "-nan" if math.copysign(1.0, v) < 0 else "nan"
+    return f"{v:g}"
 
 
 def shape(t: torch.Tensor) -> list[int]:
@@ -77,7 +112,7 @@ def not_same(op: str, arg_a: str, a: torch.Tensor, arg_b: str, b: torch.Tensor) 
 
 
 def eps(op: str, value: float) -> None:
-    check(value >= 0.0, f"{op}: eps must be a non-negative number, got {value}")
+    check(value >= 0.0, f"{op}: eps must be a non-negative number, got {cpp_number(value)}")
 
 
 def norm_weight(op: str, x: torch.Tensor, weight: torch.Tensor) -> None:

@@ -28,8 +28,9 @@ def fused_muladd(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
 # Shapes and dtypes for torch.compile / FakeTensor tracing, with the kernel's own checks.
 @torch.library.register_fake("keel::fused_muladd")
 def _(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
-    chk.float_dtype(_OP, "a", a, (*chk.FLOAT_DTYPES, torch.float64))
+    chk.tensor(_OP, "a", a)  # the kernel's order: devices, then dtypes
     chk.same_device(_OP, "b", b, "a", a)
+    chk.float_dtype(_OP, "a", a, (*chk.FLOAT_DTYPES, torch.float64))
     chk.same_dtype(_OP, "b", b, "a", a)
     chk.same_shape(_OP, "b", b, "a", a)
     return torch.empty_like(a, memory_format=torch.contiguous_format)

@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # `tiny_checkpoints` under pytest's importlib import mode
 
-from tiny_checkpoints import ARCHS, COMMIT, build_checkpoint, model_dir, train_tokenizer  # noqa: E402
+from tiny_checkpoints import ARCHS, COMMIT, build_checkpoint, keel_native_ops, model_dir, train_tokenizer  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `serve_helpers` unde
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
-from serve_helpers import Served, StepControl, build_tiny_model, start_server  # noqa: E402
+from serve_helpers import Served, StepControl, build_tiny_model, keel_native_ops, start_server  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

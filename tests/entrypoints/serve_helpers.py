@@ -12,7 +12,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the engine tests' checkpoint helpers
 
-from tiny_checkpoints import build_checkpoint, needs_ops, train_tokenizer  # noqa: E402,F401
+from tiny_checkpoints import build_checkpoint, keel_native_ops, needs_ops, train_tokenizer  # noqa: E402,F401
 
 MODEL_NAME = "tiny"
 BLOCK_SIZE = 4

@@ -18,7 +18,7 @@ import torch
 
 from keel.vendored.flash_attn import _ops  # noqa: F401  (loads the library, registers the fake kernels)
 
-__all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "cpu_isa"]
+__all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "cpu_isa", "last_splitkv_stats"]
 
 _ISA_NAMES = {0: "base", 1: "avx2", 2: "avx512"}
 
@@ -156,3 +156,11 @@ def flash_attn_with_kvcache(
 def cpu_isa() -> str:
     """Name of the CPU build the kernels run in this process: base, avx2 or avx512."""
     return _ISA_NAMES[torch.ops.keel_flash_attn.cpu_isa(torch.empty(0))]
+
+
+def last_splitkv_stats() -> tuple[int, int]:
+    """What this thread's last attention call did along the keys, on the CPU kernels: (the splits it
+    ran, the fp32 partials the split-K combine merged); (0, 0) when it returned before any kernel ran.
+    A split-K run of q [rows, H, D] in n splits reports (n, n * rows * H); an unsplit one (1, 0)."""
+    splits, combined = torch.ops.keel_flash_attn.last_splitkv_stats(torch.empty(0))
+    return int(splits), int(combined)

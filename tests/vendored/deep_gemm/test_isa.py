@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 SCRIPT = r"""
 import hashlib, torch
 from keel.vendored import deep_gemm as dg
@@ -32,6 +30,31 @@ print(hashlib.sha256(d[:, ok].numpy().tobytes()).hexdigest())
 """
 
 
+AVX2 = {"avx2", "fma", "f16c"}  # what the fork's avx2 build is compiled for (runtime.cpp best_supported)
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
+
+
+def cpu_flags() -> set[str]:
+    """The first processor's flags in /proc/cpuinfo (empty when there is none)."""
+    if not os.path.exists("/proc/cpuinfo"):
+        return set()
+    for line in open("/proc/cpuinfo").read().splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def best_build(flags: set[str]) -> str:
+    """The build the fork picks on a CPU with `flags`, computed here independently of the fork."""
+    return "avx512" if AVX512 <= flags else "avx2" if AVX2 <= flags else "base"
+
+
+def expected_runs(flags: set[str]) -> dict[str, str]:
+    """KEEL_CPU_ISA value -> the build that must run: a cap above what the CPU has falls back to the best."""
+    best = best_build(flags)
+    return {"base": "base", "avx2": "base" if best == "base" else "avx2", "auto": best}
+
+
 def _run(isa: str, cwd) -> str:
     env = dict(os.environ, KEEL_CPU_ISA=isa)
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=180, cwd=cwd)
@@ -40,8 +63,21 @@ def _run(isa: str, cwd) -> str:
 
 
 def test_every_isa_build_is_correct_and_selected(tmp_path):
-    if not os.path.exists("/proc/cpuinfo") or "avx512_bf16" not in open("/proc/cpuinfo").read():
-        pytest.skip("needs a CPU with every ISA the builds use (AVX-512 BF16)")
-    digests = {isa: _run(isa, tmp_path) for isa in ("base", "avx2", "auto")}
-    # the builds reduce in different orders (1, 8, 16 lanes): distinct bits show each run used its own build
-    assert len(set(digests.values())) == 3, f"KEEL_CPU_ISA did not switch the kernel build: {digests}"
+    # every build this CPU runs is checked against the fp64 reference (SCRIPT); the builds reduce in
+    # different orders (1, 8, 16 lanes), so equal digests mean the same build ran, distinct ones another
+    runs = expected_runs(cpu_flags())
+    digests = {isa: _run(isa, tmp_path) for isa in runs}
+    for a in runs:
+        for b in runs:
+            same = runs[a] == runs[b]
+            assert (digests[a] == digests[b]) == same, (
+                f"KEEL_CPU_ISA={a} should run the {runs[a]} build and KEEL_CPU_ISA={b} the {runs[b]} build: {digests}"
+            )
+
+
+def test_base_and_avx2_are_checked_on_cpus_without_avx512_bf16():
+    # an AVX2 CPU without AVX-512 BF16 (most of them) checks both of its builds, a baseline CPU its one
+    avx2_only = {"sse2", *AVX2, "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    assert expected_runs(avx2_only) == {"base": "base", "avx2": "avx2", "auto": "avx2"}
+    assert expected_runs({"sse2"}) == {"base": "base", "avx2": "base", "auto": "base"}
+    assert expected_runs(AVX512) == {"base": "base", "avx2": "avx2", "auto": "avx512"}

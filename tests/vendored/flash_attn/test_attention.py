@@ -8,7 +8,7 @@ import pytest
 import torch
 from flash_attn_ref import attention_ref, cu, paged, tolerance, varlen_ref
 
-from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache, last_splitkv_stats
 
 
 def _qkv(gen, total_q, total_k, h, hk, d, dtype):
@@ -123,6 +123,8 @@ def test_kvcache_paged_decode_matches_reference(block_size, dtype, h, hk, d, sq,
             num_splits=splits,
         )
         assert out.shape == q.shape
+        # the kernels ran `splits` splits and, when split, the combine merged one partial per split, row and head
+        assert last_splitkv_stats() == (splits, splits * b * sq * h if splits > 1 else 0)
         off = 0
         for i, n in enumerate(lens):
             ref = attention_ref(q[i], k[off : off + n], v[off : off + n], causal=True, window=window, softcap=softcap)
@@ -145,7 +147,7 @@ def test_kvcache_empty_sequence_and_dense_cache():
 
 
 def test_split_k_matches_unsplit_on_long_context():
-    # the heuristic splits a batch-1 long context; forced splits must agree with no split
+    # the heuristic splits a batch-1 long context (the kernels report it); forced splits agree with none
     gen = torch.Generator().manual_seed(6)
     n, h, hk, d = 1500, 4, 2, 64
     _, k, v = _qkv(gen, 0, n, h, hk, d, torch.float32)
@@ -156,4 +158,42 @@ def test_split_k_matches_unsplit_on_long_context():
         out = flash_attn_with_kvcache(
             q, pg.k_cache, pg.v_cache, cache_seqlens=pg.seqlens, block_table=pg.block_table, num_splits=splits
         )
+        ran, combined = last_splitkv_stats()
+        if splits == 0:
+            assert 2 <= ran <= n // 256, f"the heuristic did not split a 1500-key decode: {ran}"
+        else:
+            assert ran == splits
+        assert combined == (ran * h if ran > 1 else 0), (ran, combined)
         torch.testing.assert_close(out[0].double(), ref, **tolerance(torch.float32), msg=f"splits {splits}")
+
+
+def test_split_k_varlen_prefill_reports_its_splits():
+    # packed varlen prefill, forced splits: each split's partial of every row and head is merged
+    gen = torch.Generator().manual_seed(7)
+    lens_q, lens_k, h, hk, d = [3, 5], [600, 700], 4, 2, 64
+    q, k, v = _qkv(gen, sum(lens_q), sum(lens_k), h, hk, d, torch.float32)
+    ref = varlen_ref(q, k, v, lens_q, lens_k, causal=True)
+    for splits in (1, 4):
+        out = flash_attn_varlen_func(q, k, v, cu(lens_q), cu(lens_k), 5, 700, causal=True, num_splits=splits)
+        assert last_splitkv_stats() == (splits, splits * sum(lens_q) * h if splits > 1 else 0)
+        torch.testing.assert_close(out.double(), ref, **tolerance(torch.float32), msg=f"splits {splits}")
+
+
+def test_split_stats_reset_by_a_call_that_runs_no_kernel():
+    q = torch.randn(1, 1, 4, 64)
+    kc = torch.randn(1, 1024, 2, 64)
+    flash_attn_with_kvcache(q, kc, kc.clone(), num_splits=3)
+    assert last_splitkv_stats() == (3, 3 * 4)
+    flash_attn_with_kvcache(q[:0], kc[:0], kc[:0].clone())  # empty batch: returns before any kernel
+    assert last_splitkv_stats() == (0, 0)
+
+
+def test_zero_query_heads_give_an_empty_output():
+    # h = 0 passes the head checks (0 is a multiple of h_k); the kernels once divided by h / h_k = 0 (SIGFPE)
+    kc = torch.randn(3, 16, 2, 64)
+    table = torch.tensor([[1]], dtype=torch.int32)
+    out = flash_attn_with_kvcache(torch.randn(1, 2, 0, 64), kc, kc.clone(), block_table=table, num_splits=3)
+    assert out.shape == (1, 2, 0, 64) and last_splitkv_stats() == (0, 0)
+    q, k = torch.randn(4, 0, 64), torch.randn(4, 2, 64)
+    out = flash_attn_varlen_func(q, k, k.clone(), cu([1, 3]), cu([1, 3]), 3, 3, causal=True, num_splits=3)
+    assert out.shape == (4, 0, 64) and last_splitkv_stats() == (0, 0)

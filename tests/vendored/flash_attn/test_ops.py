@@ -13,7 +13,7 @@ import pytest
 import torch
 from flash_attn_ref import cu, paged
 
-from keel.vendored.flash_attn import _ops, cpu_isa
+from keel.vendored.flash_attn import _ops
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,7 +47,7 @@ def test_opcheck_fwd_kvcache():
 
 def test_namespace_and_ops():
     assert _ops.NAMESPACE == "keel_flash_attn"
-    assert set(_ops.OPS) == {"varlen_fwd", "fwd_kvcache", "cpu_isa"}
+    assert set(_ops.OPS) == {"varlen_fwd", "fwd_kvcache", "cpu_isa", "last_splitkv_stats"}
     assert _ops.LIBRARY.cpu.name == "_C.abi3.so"
 
 
@@ -55,7 +55,7 @@ ISA_CHECK = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {here!r})
     from flash_attn_ref import attention_ref, cu, paged, tolerance, varlen_ref
-    from keel.vendored.flash_attn import cpu_isa, flash_attn_varlen_func, flash_attn_with_kvcache
+    from keel.vendored.flash_attn import cpu_isa, flash_attn_varlen_func, flash_attn_with_kvcache, last_splitkv_stats
     print(cpu_isa())
     gen = torch.Generator().manual_seed(3)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -71,6 +71,7 @@ ISA_CHECK = textwrap.dedent("""
             qd = torch.randn(3, 1, h, d, generator=gen).to(dtype)
             out = flash_attn_with_kvcache(qd, pg.k_cache, pg.v_cache, cache_seqlens=pg.seqlens,
                                           block_table=pg.block_table, num_splits=2)
+            assert last_splitkv_stats() == (2, 2 * 3 * h), last_splitkv_stats()  # this build's split-K ran
             off = 0
             for i, n in enumerate(lens):
                 ref = attention_ref(qd[i], k[off:off + n], v[off:off + n])
@@ -80,8 +81,30 @@ ISA_CHECK = textwrap.dedent("""
 """)
 
 
-def _best_isa() -> str:
-    return cpu_isa()
+AVX2 = {"avx2", "fma", "f16c"}  # what the fork's builds are compiled for (flash_api.cpp supported_isa)
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else ():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def expected_isa(requested: str | None, flags: set[str]) -> str:
+    """The build that must run for KEEL_CPU_ISA=`requested` on a CPU with `flags`, worked out here from
+    the CPU's flags (not from the library): the best the CPU runs, capped by the request."""
+    order = ["base", "avx2", "avx512"]
+    best = "avx512" if AVX512 <= flags else "avx2" if AVX2 <= flags else "base"
+    cap = requested or "avx512"
+    return order[min(order.index(best), order.index(cap))]
+
+
+def test_expected_isa_caps_the_best_build():
+    assert expected_isa(None, AVX512) == "avx512" and expected_isa("avx2", AVX512) == "avx2"
+    assert expected_isa(None, AVX2 | {"avx512f"}) == "avx2" and expected_isa("avx2", {"sse2"}) == "base"
+    assert expected_isa("base", AVX512) == "base"
 
 
 @pytest.mark.parametrize("isa", ["base", "avx2", None])
@@ -89,9 +112,6 @@ def test_every_cpu_build_matches_reference(isa, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KEEL_CPU_ISA"}
     if isa:
         env["KEEL_CPU_ISA"] = isa
-    best = _best_isa()
-    if isa == "avx2" and best == "base":
-        pytest.skip("this CPU has no AVX2")
     out = subprocess.run(
         [sys.executable, "-c", ISA_CHECK.format(here=str(HERE))],
         capture_output=True,
@@ -102,5 +122,5 @@ def test_every_cpu_build_matches_reference(isa, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     ran, status = out.stdout.split()
-    assert ran == (isa or best), f"KEEL_CPU_ISA={isa} ran the {ran} build"
+    assert ran == expected_isa(isa, _cpu_flags()), f"KEEL_CPU_ISA={isa} ran the {ran} build"
     assert status == "OK"

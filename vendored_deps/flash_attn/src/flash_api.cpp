@@ -28,6 +28,7 @@ ParallelFor g_parallel_for = nullptr;
 CudaLauncher g_cuda_launcher = nullptr;
 int g_num_threads = 1;
 std::atomic<int> g_isa_limit{static_cast<int>(CpuIsa::kAvx512)};
+thread_local SplitKvStats t_last_stats;
 
 CpuIsa supported_isa() {
   static const CpuIsa best = [] {
@@ -169,6 +170,7 @@ void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, 
     FLASH_REQUIRE(g_cuda_launcher != nullptr, "device tensors given, but this build has no CUDA kernels");
     params.num_splits = 1;
     g_cuda_launcher(params, stream);
+    t_last_stats = SplitKvStats{1, 0};
     return;
   }
   const int64_t items = int64_t(params.b) * (params.h_k / cpu_kv_heads_per_item(params)) *
@@ -183,17 +185,19 @@ void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, 
     params.softmax_lseaccum_ptr = lseaccum.data();
   }
   const CpuRun cpu{g_parallel_for, g_num_threads};
+  int64_t combined = 0;
   switch (cpu_isa()) {
     case CpuIsa::kAvx512:
-      cpu_avx512::run_mha_fwd(params, cpu);
+      combined = cpu_avx512::run_mha_fwd(params, cpu);
       break;
     case CpuIsa::kAvx2:
-      cpu_avx2::run_mha_fwd(params, cpu);
+      combined = cpu_avx2::run_mha_fwd(params, cpu);
       break;
     default:
-      cpu_base::run_mha_fwd(params, cpu);
+      combined = cpu_base::run_mha_fwd(params, cpu);
       break;
   }
+  t_last_stats = SplitKvStats{params.num_splits, combined};
 }
 
 }  // namespace
@@ -208,6 +212,8 @@ void set_cuda_launcher(CudaLauncher fn) { g_cuda_launcher = fn; }
 void set_cpu_isa_limit(CpuIsa limit) { g_isa_limit.store(static_cast<int>(limit)); }
 
 CpuIsa cpu_isa() { return static_cast<CpuIsa>(std::min(static_cast<int>(supported_isa()), g_isa_limit.load())); }
+
+SplitKvStats last_splitkv_stats() { return t_last_stats; }
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
@@ -225,6 +231,7 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
                     const std::optional<TensorView>& seqused_k, const std::optional<TensorView>& block_table,
                     int max_seqlen_q, int max_seqlen_k, float softmax_scale, bool is_causal, int window_size_left,
                     int window_size_right, float softcap, int num_splits, void* stream) {
+  t_last_stats = SplitKvStats{};
   const bool paged = block_table.has_value();
   const bool cuda = q.is_cuda;
   check_float("q", q, 3);
@@ -300,7 +307,7 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
     params.block_table = static_cast<int*>(block_table->data);
     params.block_table_batch_stride = block_table->stride(0);
   }
-  if (b == 0 || q.size(0) == 0) return;
+  if (b == 0 || q.size(0) == 0 || params.h == 0) return;  // nothing to compute (no query head: h / h_k = 0)
   run(params, num_splits, 64, cuda, stream);
 }
 
@@ -308,6 +315,7 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
                      const std::optional<TensorView>& seqlens_k, const std::optional<TensorView>& block_table,
                      const TensorView& out, float softmax_scale, bool is_causal, int window_size_left,
                      int window_size_right, float softcap, int num_splits, void* stream) {
+  t_last_stats = SplitKvStats{};
   const bool paged = block_table.has_value();
   const bool cuda = q.is_cuda;
   check_float("q", q, 4);
@@ -362,7 +370,7 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
     params.block_table = static_cast<int*>(block_table->data);
     params.block_table_batch_stride = block_table->stride(0);
   }
-  if (b == 0 || seqlen_q == 0) return;
+  if (b == 0 || seqlen_q == 0 || params.h == 0) return;
   run(params, num_splits, 64, cuda, stream);
 }
 

@@ -27,6 +27,17 @@ void set_cpu_isa_limit(CpuIsa limit);
 CpuIsa cpu_isa();
 const char* cpu_isa_name(CpuIsa isa);
 
+// What the calling thread's last mha_varlen_fwd / mha_fwd_kvcache did along the keys, so a caller
+// can see whether split-K ran (upstream FA2 keeps this internal; FA3 reports its split count through
+// get_scheduler_metadata): the splits the kernels ran (0 when the call returned before any kernel
+// ran, e.g. an empty batch; 1 on CUDA) and the fp32 partials the combine pass merged (num_splits x
+// rows x heads; 0 without a split).
+struct SplitKvStats {
+  int num_splits = 0;
+  int64_t partials_combined = 0;
+};
+SplitKvStats last_splitkv_stats();
+
 // q: [total_q, h, d]; k/v: [total_k, h_k, d], or the paged caches [num_blocks, page_block_size,
 // h_k, d] when block_table [b, max_blocks] is given (then seqused_k [b] gives each sequence's
 // keys and cu_seqlens_k may be absent); cu_seqlens_q/k: [b + 1] int32; out: like q.

@@ -6,13 +6,15 @@
 // Work item: (sequence, block of query rows, kv head, split). The G = h / h_k query heads that share
 // a kv head are processed together, so each key / value row is read and converted once for G rows
 // (GQA without expanding K/V). With num_splits > 1 each item covers 1/num_splits of the sequence's
-// keys and writes an fp32 partial (normalized output + log-sum-exp); combine() merges them.
+// keys and writes an fp32 partial (normalized output + log-sum-exp); combine() merges them and
+// counts what it merged (run_mha_fwd returns the count: flash::last_splitkv_stats).
 #include "flash_fwd_cpu.h"
 
 #include "../block_info.h"
 #include "vec.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +33,8 @@ struct Job {
   int n_mblocks;  // item blocks along the queries
   int dp;         // padded head dim
   int kv_group;   // kv heads per item (all of them for decode: each page is then read once)
+  // the partials combine() has merged (split-K only)
+  std::atomic<int64_t>* combined = nullptr;
 };
 
 struct Scratch {
@@ -227,11 +231,12 @@ void combine(void* ctx, int64_t begin, int64_t end) {
   const float* acc = static_cast<const float*>(p.oaccum_ptr);
   const int64_t plane = int64_t(p.total_q) * p.h;
   std::vector<float> o(p.d);
+  int64_t merged = 0;
   for (int64_t idx = begin; idx < end; ++idx) {
     const int64_t row = idx / p.h;
     const int h = int(idx % p.h);
     float mx = kNegInf;
-    for (int s = 0; s < p.num_splits; ++s) mx = std::max(mx, lse[s * plane + idx]);
+    for (int s = 0; s < p.num_splits; ++s, ++merged) mx = std::max(mx, lse[s * plane + idx]);
     std::fill(o.begin(), o.end(), 0.f);
     if (mx != kNegInf) {
       float wsum = 0.f;
@@ -252,11 +257,13 @@ void combine(void* ctx, int64_t begin, int64_t end) {
     T* out = static_cast<T*>(p.o_ptr) + off + int64_t(h) * p.o_head_stride;
     for (int c = 0; c < p.d; ++c) out[c] = from_f32<T>(o[c]);
   }
+  job.combined->fetch_add(merged, std::memory_order_relaxed);
 }
 
 template <typename T>
-void run_typed(const Flash_fwd_params& p, const CpuRun& run) {
-  Job job{&p, 1, 1, (p.d + kPad - 1) / kPad * kPad, cpu_kv_heads_per_item(p)};
+int64_t run_typed(const Flash_fwd_params& p, const CpuRun& run) {
+  std::atomic<int64_t> combined{0};
+  Job job{&p, 1, 1, (p.d + kPad - 1) / kPad * kPad, cpu_kv_heads_per_item(p), &combined};
   // about 64 rows (query positions x heads of a group) per item: K/V rows are reused that often
   job.block_m = std::max(1, std::min(p.seqlen_q, 64 / std::max(1, p.h_h_k_ratio)));
   job.block_m = std::min(job.block_m, std::max(1, 256 / p.h_h_k_ratio));
@@ -274,21 +281,19 @@ void run_typed(const Flash_fwd_params& p, const CpuRun& run) {
     else
       combine<T>(&job, 0, rows);
   }
+  return combined.load();
 }
 
 }  // namespace
 
-void run_mha_fwd(const Flash_fwd_params& params, const CpuRun& run) {
+int64_t run_mha_fwd(const Flash_fwd_params& params, const CpuRun& run) {
   switch (params.dtype) {
     case DType::kFloat32:
-      run_typed<float>(params, run);
-      break;
+      return run_typed<float>(params, run);
     case DType::kBFloat16:
-      run_typed<bf16_t>(params, run);
-      break;
+      return run_typed<bf16_t>(params, run);
     case DType::kFloat16:
-      run_typed<fp16_t>(params, run);
-      break;
+      return run_typed<fp16_t>(params, run);
     default:
       throw std::invalid_argument("flash_attn: unsupported dtype");
   }

@@ -4,9 +4,10 @@
 
 #include "../flash.h"
 
-#define FLASH_DECLARE_CPU_ISA(ns)                                      \
-  namespace ns {                                                       \
-  void run_mha_fwd(const Flash_fwd_params& params, const CpuRun& run); \
+// run_mha_fwd returns the fp32 partials its split-K combine pass merged (0 without a split).
+#define FLASH_DECLARE_CPU_ISA(ns)                                         \
+  namespace ns {                                                          \
+  int64_t run_mha_fwd(const Flash_fwd_params& params, const CpuRun& run); \
   }
 
 namespace flash {
