@@ -16,9 +16,9 @@ from .elf import ElfFormatError, ElfInfo, read_elf
 from .errors import AuditInputError
 from .gates import package_findings
 from .inputs import Candidate, Source, open_distribution, open_path, open_wheel
-from .models import INVALID, NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit, PackageAudit
 from .policy import POLICY_FILE, STRICT_FILE, Policy, load_policy
-from .table import cpython_table, shim_table
+from .result import INVALID, NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit, PackageAudit
+from .symbol_tables import cpython_table, shim_table
 from .versions import fmt, highest, minor, parse
 
 # (source, path in source, parsed ELF or the reason it is not one)
@@ -72,7 +72,7 @@ def _load(sources: list[Source]) -> list[_Loaded]:
 _ALLOWABLE = ("unstable", "unknown-shim", "needed-torch-library", "unneeded-torch-library")
 
 
-def resolve_policy(policy: str | os.PathLike | Policy | None = None, strict: bool = False) -> Policy:
+def resolve_policy(policy: str | os.PathLike[str] | Policy | None = None, strict: bool = False) -> Policy:
     """The policy object: given, read from a file, the strict one (`strict`) or the default."""
     if isinstance(policy, Policy):
         return policy
@@ -95,11 +95,11 @@ def _severity(finding: Finding, policy: Policy, allowed: bool) -> Finding:
 
 
 def audit(
-    paths: Sequence[str | os.PathLike],
+    paths: Sequence[str | os.PathLike[str]],
     *,
     target_torch: str | None = None,
     allow: Sequence[str] = (),
-    policy: str | os.PathLike | Policy | None = None,
+    policy: str | os.PathLike[str] | Policy | None = None,
     strict: bool = False,
 ) -> PackageAudit:
     """Audit wheels, directories, .so files or installed distributions as one package.
@@ -118,7 +118,7 @@ def audit(
     libraries: list[LibraryAudit] = []
     findings: list[Finding] = []
     by_source: dict[str, list[LibraryAudit]] = {}
-    memo: tuple[dict[str, object], dict[str, object]] = ({}, {})  # per-audit symbol verdicts
+    memo: tuple[dict[str, int], dict[str, int]] = ({}, {})  # per-audit symbol verdicts
     releases = shim_table().torch_versions
     # the oldest torch the libraries must load on: imports of names header-only only later are libtorch's
     oldest = target or (fmt(minor(parse(releases[0]))) if releases else "2.10")

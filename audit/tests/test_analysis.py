@@ -6,12 +6,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from audit_support import make_wheel
+
 from keel_audit import PackageAudit, audit
 from keel_audit.classify import HEADER_ONLY, NO_TORCH_USE, UNSTABLE_USE, torch_use
 from keel_audit.mangling import demangle
-from keel_audit.table import shim_table
-
-from .conftest import make_wheel
+from keel_audit.symbol_tables import shim_table
 
 # case: (files {wheel path: fixture}, flags, verdict, exit code, error finding codes)
 CASES = {
