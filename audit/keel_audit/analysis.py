@@ -46,12 +46,21 @@ def _open(arg: str, stack: ExitStack) -> Source:
     return open_distribution(arg)
 
 
-def _parse(cand: Candidate) -> ElfInfo | ElfFormatError | None:
-    """One candidate parsed; None for a non-ELF file that is not named *.so (dropped silently)."""
+def _parse(source: Source, cand: Candidate) -> ElfInfo | ElfFormatError | None:
+    """One candidate parsed; None for a non-ELF file that is not named *.so (dropped silently).
+
+    A member or file that cannot be read at all stops the audit with an error naming the input.
+    """
     try:
         return read_elf(cand.load())
     except ElfFormatError as exc:
         return exc if cand.named_so else None
+    except AuditInputError as exc:
+        raise AuditInputError(f"{source.label}: {exc}") from None
+    except OSError as exc:
+        raise AuditInputError(
+            f"{source.label}: {cand.path}: cannot be read ({exc.strerror or exc}); expected a readable file"
+        ) from None
 
 
 def _load(sources: list[Source]) -> list[_Loaded]:
@@ -61,10 +70,10 @@ def _load(sources: list[Source]) -> list[_Loaded]:
     if len(work) > 1 and (os.cpu_count() or 1) > 1:
         order = sorted(range(len(work)), key=lambda i: -work[i][1].size)
         with ThreadPoolExecutor(min(len(work), os.cpu_count() or 1, 8)) as pool:
-            futures = {i: pool.submit(_parse, work[i][1]) for i in order}
+            futures = {i: pool.submit(_parse, *work[i]) for i in order}
             parsed = [futures[i].result() for i in range(len(work))]
     else:
-        parsed = [_parse(cand) for _, cand in work]
+        parsed = [_parse(source, cand) for source, cand in work]
     return [(source, cand.path, info) for (source, cand), info in zip(work, parsed, strict=True) if info is not None]
 
 
