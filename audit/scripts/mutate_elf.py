@@ -33,7 +33,6 @@ import time
 import traceback
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,29 +100,27 @@ def write_wheel(path: Path, member: str, data: bytes) -> None:
         zf.writestr(f"{dist}/RECORD", "")
 
 
-def make_cases(libs: list[Library], n: int, seed: int, work: Path) -> Iterator[tuple[Path, str, str]]:
-    """(case file, mutation name, origin) for n cases, deterministic for a seed."""
-    rng = random.Random(seed)
-    names = sorted(MUTATIONS)
-    for i in range(n):
-        lib = libs[i % len(libs)]  # every library in turn, each round alternating file and wheel
-        as_wheel = (i // len(libs)) % 2 == 1
-        pool = names + (sorted(ZIP_MUTATIONS) if as_wheel else [])
-        name = pool[i % len(pool)]
-        stem = f"case{i:04d}-{name}"
-        if name in ZIP_MUTATIONS:
+def make_case(libs: list[Library], i: int, seed: int, work: Path) -> tuple[Path, str, str]:
+    """Case i: (file, mutation name, origin); the same for a seed on every run (its own RNG)."""
+    rng = random.Random(f"{seed}:{i}")
+    lib = libs[i % len(libs)]  # every library in turn, each round alternating file and wheel
+    as_wheel = (i // len(libs)) % 2 == 1
+    pool = sorted(MUTATIONS) + (sorted(ZIP_MUTATIONS) if as_wheel else [])
+    name = pool[i % len(pool)]
+    stem = f"case{i:04d}-{name}"
+    if name in ZIP_MUTATIONS:
+        path = work / f"{stem}.whl"
+        write_wheel(path, lib.member, lib.data)
+        path.write_bytes(ZIP_MUTATIONS[name](path.read_bytes(), rng))
+    else:
+        data = MUTATIONS[name](Layout.parse(lib.data), rng)
+        if as_wheel:
             path = work / f"{stem}.whl"
-            write_wheel(path, lib.member, lib.data)
-            path.write_bytes(ZIP_MUTATIONS[name](path.read_bytes(), rng))
+            write_wheel(path, lib.member, data)
         else:
-            data = MUTATIONS[name](Layout.parse(lib.data), rng)
-            if as_wheel:
-                path = work / f"{stem}.whl"
-                write_wheel(path, lib.member, data)
-            else:
-                path = work / f"{stem}-{Path(lib.member).name}"
-                path.write_bytes(data)
-        yield path, name, lib.origin
+            path = work / f"{stem}-{Path(lib.member).name}"
+            path.write_bytes(data)
+    return path, name, lib.origin
 
 
 def judge(case: Path, code: int | None, out: str, err: str) -> tuple[str, str]:
@@ -139,9 +136,10 @@ def judge(case: Path, code: int | None, out: str, err: str) -> tuple[str, str]:
             return "unclear", f"exit {code}, document {str(doc)[:300]}"
         return "verdict", doc.get("verdict", "")
     if code == 2:
-        lines = [ln for ln in err.splitlines() if ln.startswith("keel audit: error: ")]
-        if lines and (case.name in err or str(case) in err):
-            return "error", lines[0][len("keel audit: error: ") :][:300]
+        lines = err.splitlines()
+        first = next((i for i, ln in enumerate(lines) if ln.startswith("keel audit: error: ")), None)
+        if first is not None and (case.name in err or str(case) in err):
+            return "error", " / ".join(ln.strip() for ln in lines[first : first + 2])[:400]
         return "unclear", f"exit 2 without a message naming {case.name}: {err[-500:]!r}"
     return "unclear", f"exit {code}: {err[-500:]!r}"
 
@@ -186,23 +184,41 @@ def run_in_process(case: Path, timeout: float) -> tuple[int | None, str, str]:
 
 
 def run(
-    libs: list[Library], n: int, seed: int, timeout: float, jobs: int, in_process: bool, work: Path
+    libs: list[Library],
+    n: int,
+    seed: int,
+    timeout: float,
+    jobs: int,
+    in_process: bool,
+    work: Path,
+    keep: Path | None = None,
+    progress: bool = False,
 ) -> list[Outcome]:
-    """Build and audit n cases; in-process runs one at a time (SIGALRM needs the main thread)."""
-    cases = list(make_cases(libs, n, seed, work))
+    """Build, audit and delete n cases (failing ones are copied to `keep`); in-process runs one at a
+    time (SIGALRM needs the main thread)."""
 
-    def one(item: tuple[Path, str, str]) -> Outcome:
-        case, mutation, origin = item
+    def one(i: int) -> Outcome:
+        case, mutation, origin = make_case(libs, i, seed, work)
         start = time.perf_counter()
         code, out, err = (run_in_process if in_process else run_subprocess)(case, timeout)
         seconds = time.perf_counter() - start
         kind, detail = ("hang", f"no result within {timeout} s") if code is None else judge(case, code, out, err)
+        if keep is not None and kind in FAILURES:
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(case, keep / case.name)
+        case.unlink()
         return Outcome(case.name, mutation, origin, kind, code, detail, seconds)
 
+    def counted(i: int) -> Outcome:
+        outcome = one(i)
+        if progress and (i + 1) % 10 == 0:
+            print(f"  case {i + 1}/{n}", file=sys.stderr, flush=True)
+        return outcome
+
     if in_process or jobs <= 1:
-        return [one(c) for c in cases]
+        return [counted(i) for i in range(n)]
     with ThreadPoolExecutor(jobs) as pool:
-        return list(pool.map(one, cases))
+        return list(pool.map(counted, range(n)))
 
 
 def report(outcomes: list[Outcome]) -> str:
@@ -234,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="cases audited at once (subprocess mode)")
     parser.add_argument("--max-mb", type=float, default=64.0, help="skip libraries larger than this")
     parser.add_argument("--in-process", action="store_true", help="audit in this process (fast; SIGALRM timeout)")
-    parser.add_argument("--keep", type=Path, help="copy failing cases here")
+    parser.add_argument("--keep", type=Path, help="copy failing cases here (the others are deleted once audited)")
     parser.add_argument("--json", type=Path, help="write every outcome here")
     args = parser.parse_args(argv)
     libs = libraries(args.inputs, int(args.max_mb * (1 << 20)))
@@ -242,13 +258,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("mutate_elf: no ELF objects in the inputs (or all above --max-mb)")
     print(f"{len(libs)} ELF objects from {len(args.inputs)} inputs; {args.cases} cases, seed {args.seed}", flush=True)
     with tempfile.TemporaryDirectory(prefix="mutate_elf_") as tmp:
-        outcomes = run(libs, args.cases, args.seed, args.timeout, args.jobs, args.in_process, Path(tmp))
-        if args.keep:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            for o in outcomes:
-                if o.kind in FAILURES:
-                    shutil.copy(Path(tmp) / o.case, args.keep / o.case)
+        start = time.perf_counter()
+        outcomes = run(
+            libs, args.cases, args.seed, args.timeout, args.jobs, args.in_process, Path(tmp), args.keep, progress=True
+        )
+        wall = time.perf_counter() - start
     print(report(outcomes))
+    print(f"\n{wall:.0f} s wall for {len(outcomes)} cases ({'in process' if args.in_process else f'{args.jobs} jobs'})")
     if args.json:
         args.json.write_text(json.dumps([o.__dict__ for o in outcomes], indent=1))
     return 1 if any(o.kind in FAILURES for o in outcomes) else 0
