@@ -46,15 +46,15 @@ def _open(arg: str, stack: ExitStack) -> Source:
     return open_distribution(arg)
 
 
-def _parse(source: Source, cand: Candidate) -> ElfInfo | ElfFormatError | None:
-    """One candidate parsed; None for a non-ELF file that is not named *.so (dropped silently).
-
-    A member or file that cannot be read at all stops the audit with an error naming the input.
-    """
+def _parse(source: Source, cand: Candidate) -> ElfInfo | ElfFormatError:
+    """One candidate parsed, or why it is not a readable ELF shared object (the library is then
+    INVALID: every candidate is named *.so[.N] or starts like an ELF shared object, so a damaged
+    executable is reported, never dropped). A member or file that cannot be read at all stops the
+    audit with an error naming the input."""
     try:
         return read_elf(cand.load())
     except ElfFormatError as exc:
-        return exc if cand.named_so else None
+        return exc
     except AuditInputError as exc:
         raise AuditInputError(f"{source.label}: {exc}") from None
     except OSError as exc:
@@ -74,7 +74,7 @@ def _load(sources: list[Source]) -> list[_Loaded]:
             parsed = [futures[i].result() for i in range(len(work))]
     else:
         parsed = [_parse(source, cand) for source, cand in work]
-    return [(source, cand.path, info) for (source, cand), info in zip(work, parsed, strict=True) if info is not None]
+    return [(source, cand.path, info) for (source, cand), info in zip(work, parsed, strict=True)]
 
 
 # findings an --allow pattern turns into warnings for the libraries it names
