@@ -24,6 +24,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -100,31 +102,41 @@ def write_wheel(path: Path, member: str, data: bytes) -> None:
         zf.writestr(f"{dist}/RECORD", "")
 
 
-def make_case(libs: list[Library], i: int, seed: int, work: Path) -> tuple[Path, str, str]:
-    """Case i: (file, mutation name, origin); the same for a seed on every run (its own RNG)."""
+def _looks_like_a_library(name: str, data: bytes) -> bool:
+    """Whether the audit must list this file: named *.so[.N], or starting like an ELF ET_DYN object."""
+    if re.search(r"\.so(\.\d+)*$", name):
+        return True
+    order: Literal["little", "big"] = "little" if data[5:6] == b"\x01" else "big"
+    return data[:4] == ELF_MAGIC and len(data) >= 18 and int.from_bytes(data[16:18], order) == 3
+
+
+def make_case(libs: list[Library], i: int, seed: int, work: Path) -> tuple[Path, str, str, str | None]:
+    """Case i: (file, mutation name, origin, the library path the audit must list or None); the
+    same for a seed on every run (each case has its own RNG)."""
     rng = random.Random(f"{seed}:{i}")
     lib = libs[i % len(libs)]  # every library in turn, each round alternating file and wheel
     as_wheel = (i // len(libs)) % 2 == 1
     pool = sorted(MUTATIONS) + (sorted(ZIP_MUTATIONS) if as_wheel else [])
     name = pool[i % len(pool)]
     stem = f"case{i:04d}-{name}"
-    if name in ZIP_MUTATIONS:
+    if name in ZIP_MUTATIONS:  # the member is intact: listed, or the damaged zip is an error
         path = work / f"{stem}.whl"
         write_wheel(path, lib.member, lib.data)
         path.write_bytes(ZIP_MUTATIONS[name](path.read_bytes(), rng))
-    else:
-        data = MUTATIONS[name](Layout.parse(lib.data), rng)
-        if as_wheel:
-            path = work / f"{stem}.whl"
-            write_wheel(path, lib.member, data)
-        else:
-            path = work / f"{stem}-{Path(lib.member).name}"
-            path.write_bytes(data)
-    return path, name, lib.origin
+        return path, name, lib.origin, lib.member
+    data = MUTATIONS[name](Layout.parse(lib.data), rng)
+    if as_wheel:
+        path = work / f"{stem}.whl"
+        write_wheel(path, lib.member, data)
+        return path, name, lib.origin, lib.member if _looks_like_a_library(lib.member, data) else None
+    path = work / f"{stem}-{Path(lib.member).name}"
+    path.write_bytes(data)
+    return path, name, lib.origin, path.name  # a file named on the command line is always audited
 
 
-def judge(case: Path, code: int | None, out: str, err: str) -> tuple[str, str]:
-    """(kind, detail) of one finished audit."""
+def judge(case: Path, code: int | None, out: str, err: str, listed: str | None = None) -> tuple[str, str]:
+    """(kind, detail) of one finished audit; a verdict must list the library `listed` (the damaged
+    one: a verdict that leaves it out says nothing about it)."""
     if "Traceback (most recent call last)" in err or "Traceback (most recent call last)" in out:
         return "traceback", err[-2000:]
     if code in (0, 1):
@@ -134,6 +146,8 @@ def judge(case: Path, code: int | None, out: str, err: str) -> tuple[str, str]:
             return "unclear", f"exit {code} without a JSON document: {out[-300:]!r}"
         if doc.get("schema") != "keel-audit/2" or doc.get("exit_code") != code:
             return "unclear", f"exit {code}, document {str(doc)[:300]}"
+        if listed is not None and listed not in {lib.get("path") for lib in doc.get("libraries", ())}:
+            return "unclear", f"exit {code}, but {listed} is not among the audited libraries"
         return "verdict", doc.get("verdict", "")
     if code == 2:
         lines = err.splitlines()
@@ -198,11 +212,13 @@ def run(
     time (SIGALRM needs the main thread)."""
 
     def one(i: int) -> Outcome:
-        case, mutation, origin = make_case(libs, i, seed, work)
+        case, mutation, origin, listed = make_case(libs, i, seed, work)
         start = time.perf_counter()
         code, out, err = (run_in_process if in_process else run_subprocess)(case, timeout)
         seconds = time.perf_counter() - start
-        kind, detail = ("hang", f"no result within {timeout} s") if code is None else judge(case, code, out, err)
+        kind, detail = (
+            ("hang", f"no result within {timeout} s") if code is None else judge(case, code, out, err, listed)
+        )
         if keep is not None and kind in FAILURES:
             keep.mkdir(parents=True, exist_ok=True)
             shutil.copy(case, keep / case.name)

@@ -52,10 +52,13 @@ def test_one_case_in_a_fresh_process(tmp_path: Path) -> None:
         (2, "", 'Traceback (most recent call last):\n  File "x"\nIndexError', "traceback"),
         (1, "not json", "", "unclear"),
         (-11, "", "", "unclear"),
+        (0, '{"schema": "keel-audit/2", "exit_code": 0, "libraries": [{"path": "x.so"}]}', "", "verdict"),
+        (0, '{"schema": "keel-audit/2", "exit_code": 0, "libraries": []}', "", "unclear"),  # x.so left out
     ],
 )
 def test_judge_tells_outcomes_apart(code: int, out: str, err: str, kind: str) -> None:
-    assert harness.judge(Path("/tmp/x.so"), code, out, err)[0] == kind
+    listed = "x.so" if '"libraries"' in out else None
+    assert harness.judge(Path("/tmp/x.so"), code, out, err, listed)[0] == kind
 
 
 def test_a_case_past_its_timeout_is_a_hang(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
