@@ -12,6 +12,8 @@ VENV="$(cd "$VENV" && pwd -P)"
 PY="$VENV/bin/python"
 "$PY" -m pip install -q -r "$KEEL_ROOT/requirements-build.txt"
 # keel-audit (audit/, pure Python) gates the build: setup.py imports it, and it audits the wheel below.
+# A stale audit/build/ would ship modules that were moved or deleted since (setuptools keeps them).
+rm -rf "$KEEL_ROOT/audit/build"
 "$PY" -m pip install -q --no-build-isolation "$KEEL_ROOT/audit[fast]"  # [fast]: ISA-L inflation
 
 cd "$KEEL_ROOT"

@@ -54,6 +54,11 @@ def test_mypy_keel():
     _run(_tool("mypy"), "--cache-dir=.cache/mypy")
 
 
+def test_mypy_keel_audit_strict():
+    # the keel-audit distribution under mypy --strict (audit/pyproject.toml's [tool.mypy]): it ships py.typed
+    _run(_tool("mypy"), "--cache-dir=../.cache/mypy-audit", cwd=ROOT / "audit")
+
+
 def test_clang_format():
     files = _tracked(CPP_SUFFIXES)
     assert files, "no C++/CUDA sources found"

@@ -37,6 +37,8 @@ SKIP = {
     r"device_check\.sh": "needs a GPU",
     r"pip download|^for v in|^done$|gen_shim_table\.py --torch /work/cache": "network: downloads torch wheels of "
     "six releases (several GB)",
+    r"mutate_elf\.py /work/cache": "network: mutates wheels downloaded from PyPI (vllm 0.33.0, xformers 0.0.35, "
+    "torchaudio 2.9.1; 340 MB)",
 }
 # command pattern -> (extra arguments, extra environment): the tiny setting of a benchmark or build
 TINY = {

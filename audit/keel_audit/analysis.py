@@ -16,9 +16,9 @@ from .elf import ElfFormatError, ElfInfo, read_elf
 from .errors import AuditInputError
 from .gates import package_findings
 from .inputs import Candidate, Source, open_distribution, open_path, open_wheel
-from .models import INVALID, NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit, PackageAudit
 from .policy import POLICY_FILE, STRICT_FILE, Policy, load_policy
-from .table import cpython_table, shim_table
+from .result import INVALID, NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit, PackageAudit
+from .symbol_tables import cpython_table, shim_table
 from .versions import fmt, highest, minor, parse
 
 # (source, path in source, parsed ELF or the reason it is not one)
@@ -46,12 +46,21 @@ def _open(arg: str, stack: ExitStack) -> Source:
     return open_distribution(arg)
 
 
-def _parse(cand: Candidate) -> ElfInfo | ElfFormatError | None:
-    """One candidate parsed; None for a non-ELF file that is not named *.so (dropped silently)."""
+def _parse(source: Source, cand: Candidate) -> ElfInfo | ElfFormatError:
+    """One candidate parsed, or why it is not a readable ELF shared object (the library is then
+    INVALID: every candidate is named *.so[.N] or starts like an ELF shared object, so a damaged
+    executable is reported, never dropped). A member or file that cannot be read at all stops the
+    audit with an error naming the input."""
     try:
         return read_elf(cand.load())
     except ElfFormatError as exc:
-        return exc if cand.named_so else None
+        return exc
+    except AuditInputError as exc:
+        raise AuditInputError(f"{source.label}: {exc}") from None
+    except OSError as exc:
+        raise AuditInputError(
+            f"{source.label}: {cand.path}: cannot be read ({exc.strerror or exc}); expected a readable file"
+        ) from None
 
 
 def _load(sources: list[Source]) -> list[_Loaded]:
@@ -61,18 +70,18 @@ def _load(sources: list[Source]) -> list[_Loaded]:
     if len(work) > 1 and (os.cpu_count() or 1) > 1:
         order = sorted(range(len(work)), key=lambda i: -work[i][1].size)
         with ThreadPoolExecutor(min(len(work), os.cpu_count() or 1, 8)) as pool:
-            futures = {i: pool.submit(_parse, work[i][1]) for i in order}
+            futures = {i: pool.submit(_parse, *work[i]) for i in order}
             parsed = [futures[i].result() for i in range(len(work))]
     else:
-        parsed = [_parse(cand) for _, cand in work]
-    return [(source, cand.path, info) for (source, cand), info in zip(work, parsed, strict=True) if info is not None]
+        parsed = [_parse(source, cand) for source, cand in work]
+    return [(source, cand.path, info) for (source, cand), info in zip(work, parsed, strict=True)]
 
 
 # findings an --allow pattern turns into warnings for the libraries it names
 _ALLOWABLE = ("unstable", "unknown-shim", "needed-torch-library", "unneeded-torch-library")
 
 
-def resolve_policy(policy: str | os.PathLike | Policy | None = None, strict: bool = False) -> Policy:
+def resolve_policy(policy: str | os.PathLike[str] | Policy | None = None, strict: bool = False) -> Policy:
     """The policy object: given, read from a file, the strict one (`strict`) or the default."""
     if isinstance(policy, Policy):
         return policy
@@ -95,11 +104,11 @@ def _severity(finding: Finding, policy: Policy, allowed: bool) -> Finding:
 
 
 def audit(
-    paths: Sequence[str | os.PathLike],
+    paths: Sequence[str | os.PathLike[str]],
     *,
     target_torch: str | None = None,
     allow: Sequence[str] = (),
-    policy: str | os.PathLike | Policy | None = None,
+    policy: str | os.PathLike[str] | Policy | None = None,
     strict: bool = False,
 ) -> PackageAudit:
     """Audit wheels, directories, .so files or installed distributions as one package.
@@ -118,7 +127,7 @@ def audit(
     libraries: list[LibraryAudit] = []
     findings: list[Finding] = []
     by_source: dict[str, list[LibraryAudit]] = {}
-    memo: tuple[dict[str, object], dict[str, object]] = ({}, {})  # per-audit symbol verdicts
+    memo: tuple[dict[str, int], dict[str, int]] = ({}, {})  # per-audit symbol verdicts
     releases = shim_table().torch_versions
     # the oldest torch the libraries must load on: imports of names header-only only later are libtorch's
     oldest = target or (fmt(minor(parse(releases[0]))) if releases else "2.10")

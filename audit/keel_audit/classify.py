@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from .elf import ElfInfo
 from .mangling import is_stable_path, torch_refs
 from .manylinux import manylinux_table, needs
-from .models import NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit
 from .policy import Policy
-from .table import CPythonTable, ShimTable, is_cpython_name
+from .result import NO_TORCH, STABLE, UNSTABLE, Finding, LibraryAudit
+from .symbol_tables import CPythonTable, ShimTable, is_cpython_name
 from .versions import highest
 
 
@@ -24,8 +25,8 @@ class Context:
     package_exports: frozenset[str]
     abi3_wheel: bool
     oldest_torch: str = "2.10"  # imports count as header-only only if they were so in this torch
-    categories: dict[str, object] = field(default_factory=dict)  # undefined name -> category
-    exported: dict[str, object] = field(default_factory=dict)  # defined name -> torch_use()
+    categories: dict[str, int] = field(default_factory=dict)  # undefined name -> category
+    exported: dict[str, int] = field(default_factory=dict)  # defined name -> torch_use()
 
 
 # what a C++ name involves of torch (memoised per audit in Context.exported)
@@ -80,14 +81,14 @@ def _category(name: str, ctx: Context) -> int:
     return OTHER
 
 
-def _lookup(names: tuple[str, ...], memo: dict[str, object], compute: Callable[[str], object]) -> list:
+def _lookup(names: tuple[str, ...], memo: dict[str, int], compute: Callable[[str], int]) -> list[int]:
     """`compute(name)` for every name, through a per-audit memo (a dict lookup per repeated name)."""
     got = list(map(memo.get, names))
     if None in got:
         for i, name in enumerate(names):
             if got[i] is None:
                 got[i] = memo[name] = compute(name)
-    return got
+    return cast(list[int], got)  # no None left
 
 
 def classify(path: str, info: ElfInfo, ctx: Context) -> tuple[LibraryAudit, list[Finding]]:

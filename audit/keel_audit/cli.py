@@ -9,6 +9,7 @@ import sys
 
 from .analysis import audit
 from .errors import AuditError
+from .result import INVALID
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,14 @@ def run(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return result.exit_code
     if result.exit_code == 2:
-        print("keel audit: error: some libraries could not be read as ELF shared objects", file=sys.stderr)
+        bad = [lib for lib in result.libraries if lib.verdict == INVALID]
+        print(
+            f"keel audit: error: {', '.join(result.sources)}: {len(bad)} of {len(result.libraries)} ELF "
+            "object(s) could not be read as ELF shared objects:",
+            file=sys.stderr,
+        )
+        for lib in bad:
+            print(f"  {lib.path}: {lib.error}", file=sys.stderr)
     elif result.exit_code == 1:
         print("keel audit: gate failed: see the ERROR lines above", file=sys.stderr)
     return result.exit_code

@@ -14,4 +14,8 @@ class AuditInputError(AuditError):
 
 
 class TableError(AuditError):
-    """A shipped version table is missing or malformed."""
+    """A shipped data file (symbol table, manylinux table, policy) is missing or malformed."""
+
+
+class ElfFormatError(AuditError):
+    """A file that should be an ELF shared object is not one, or is truncated/malformed."""

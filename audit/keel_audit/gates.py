@@ -8,8 +8,8 @@ from pathlib import Path
 
 from .inputs import Source
 from .manylinux import Needs, manylinux_table
-from .models import INVALID, Finding, LibraryAudit
 from .requirements import python_floor, torch_requirement
+from .result import INVALID, Finding, LibraryAudit
 from .versions import highest
 from .versions import key as _key
 

@@ -9,7 +9,9 @@ import re
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from .elf import ELF_MAGIC
 from .errors import AuditInputError
@@ -44,7 +46,7 @@ def _is_dyn_elf(head_bytes: bytes) -> bool:
     """ELF magic and e_type ET_DYN (3), either endianness."""
     if not head_bytes.startswith(ELF_MAGIC) or len(head_bytes) < 18:
         return False
-    order = "little" if head_bytes[5] == 1 else "big"
+    order: Literal["little", "big"] = "little" if head_bytes[5] == 1 else "big"
     return int.from_bytes(head_bytes[16:18], order) == 3
 
 
@@ -85,7 +87,7 @@ def open_wheel(path: Path, zf: zipfile.ZipFile, fd: int | None = None) -> Source
     for info in members:
         named = bool(_SO_NAME.search(info.filename))
         if named or (info.file_size >= 18 and _is_dyn_elf(head(zf, info, fd=fd))):
-            candidates.append(Candidate(info.filename, lambda i=info: read_member(zf, i, fd), named, info.file_size))
+            candidates.append(Candidate(info.filename, partial(read_member, zf, info, fd), named, info.file_size))
     return Source(str(path), "wheel", _expand(tags), requires, tuple(candidates), requires_python)
 
 
@@ -142,7 +144,7 @@ def _scan_dir(root: Path, files: list[Path] | None = None) -> tuple[Candidate, .
         if not named and not _sniff(path):
             continue
         rel = path[len(prefix) :].replace(os.sep, "/") if path.startswith(prefix) else path
-        out.append(Candidate(rel, lambda f=Path(path): f, named, os.stat(path).st_size))
+        out.append(Candidate(rel, partial(Path, path), named, os.stat(path).st_size))
     return tuple(out)
 
 
@@ -173,5 +175,5 @@ def open_distribution(name: str) -> Source:
         _expand(tags),
         tuple(dist.requires or ()),
         _scan_dir(root, [f for f in files if f.exists()]),
-        dist.metadata.get("Requires-Python"),
+        next(iter(dist.metadata.get_all("Requires-Python") or ()), None),
     )

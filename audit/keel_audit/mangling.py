@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from collections.abc import Callable
 from functools import lru_cache
 
 # every reference to these namespaces spells the source name literally at least once
@@ -18,23 +19,24 @@ class _Demangler:
     """Lazily bound `__cxa_demangle` from libstdc++; unavailable -> None."""
 
     def __init__(self) -> None:
-        self._fn: object | None = None
-        self._free: object | None = None
+        # ctypes foreign functions: __cxa_demangle(name, buf, len, &status) -> char*, free(ptr)
+        self._fn: Callable[..., int | None] | None = None
+        self._free: Callable[[int], None] | None = None
         self._tried = False
 
     def __call__(self, name: str) -> str | None:
         if not self._tried:
             self._bind()
-        if self._fn is None:
+        if self._fn is None or self._free is None:
             return None
         status = ctypes.c_int(0)
-        ptr = self._fn(name.encode(), None, None, ctypes.byref(status))  # type: ignore[operator]
+        ptr = self._fn(name.encode(), None, None, ctypes.byref(status))
         if not ptr:
             return None
         try:
             return ctypes.string_at(ptr).decode("utf-8", "replace")
         finally:
-            self._free(ptr)  # type: ignore[operator]
+            self._free(ptr)
 
     def _bind(self) -> None:
         self._tried = True

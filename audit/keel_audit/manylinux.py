@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .elf import ElfInfo
 from .errors import TableError
-from .versions import highest, is_numeric
+from .versions import is_numeric
 from .versions import key as _key
 
 TABLE_FILE = Path(__file__).parent / "data" / "manylinux_policy.json"
@@ -58,7 +58,7 @@ def needs(info: ElfInfo, *, loader: bool = False) -> Needs:
             found.setdefault(m.group(1), []).append(m.group(2))
         else:
             named.add(name)
-    return Needs({f: highest(v) for f, v in found.items()}, tuple(sorted(named)))
+    return Needs({f: max(v, key=_key) for f, v in found.items()}, tuple(sorted(named)))
 
 
 @dataclass(frozen=True, slots=True)

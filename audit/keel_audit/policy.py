@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from .errors import TableError
 
@@ -19,14 +20,6 @@ DATA = Path(__file__).parent / "data"
 POLICY_FILE = DATA / "policy.json"
 STRICT_FILE = DATA / "policy-strict.json"
 SEVERITIES = ("error", "warning", "note")
-_KEYS = (
-    "allowed_torch_libraries",
-    "torch_library_patterns",
-    "cudart_patterns",
-    "shim_prefixes",
-    "python_global_prefixes",
-    "machines",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +60,7 @@ class Policy:
         return name.startswith(self.python_global_prefixes)
 
 
-def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The JSON of a policy file with its `extends` chain merged in (base first)."""
     if path in seen:
         raise TableError(f"audit policy {path}: `extends` loops back to itself")
@@ -82,7 +75,16 @@ def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         return data
     merged = _read((path.parent / base).resolve(), (*seen, path))
     severities = {**merged.get("severities", {}), **data.get("severities", {})}
-    return {**merged, **data, "severities": severities}
+    out: dict[str, Any] = {**merged, **data, "severities": severities}
+    return out
+
+
+def _strings(data: dict[str, Any], key: str) -> tuple[str, ...]:
+    """A list of strings of the policy (KeyError when missing, TypeError when not a list of strings)."""
+    value = data[key]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{key}: expected a list of strings, got {value!r}")
+    return tuple(value)
 
 
 @lru_cache(maxsize=8)
@@ -97,7 +99,12 @@ def load_policy(path: Path = POLICY_FILE) -> Policy:
         return Policy(
             name=str(data.get("name", Path(path).stem)),
             severities=severities,
-            **{k: dict(data[k]) if k == "machines" else tuple(data[k]) for k in _KEYS},
+            allowed_torch_libraries=_strings(data, "allowed_torch_libraries"),
+            torch_library_patterns=_strings(data, "torch_library_patterns"),
+            cudart_patterns=_strings(data, "cudart_patterns"),
+            shim_prefixes=_strings(data, "shim_prefixes"),
+            python_global_prefixes=_strings(data, "python_global_prefixes"),
+            machines={str(k): str(v) for k, v in dict(data["machines"]).items()},
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise TableError(f"audit policy {path}: expected the schema-2 policy keys, got {exc!r}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import overload
 
 from .errors import AuditInputError
 
@@ -34,6 +35,10 @@ def minor(v: Version) -> Version:
     return (v + (0, 0))[:2]
 
 
+@overload
+def fmt(v: Version) -> str: ...
+@overload
+def fmt(v: None) -> None: ...
 def fmt(v: Version | None) -> str | None:
     """Render a version tuple as dotted text (None stays None)."""
     return None if v is None else ".".join(str(p) for p in v)

@@ -8,13 +8,25 @@ import struct
 import zipfile
 import zlib
 from pathlib import PurePosixPath
+from types import ModuleType
+from typing import Protocol
 
 from .errors import AuditInputError
 
+_inflate_lib: ModuleType
 try:  # ISA-L inflates about twice as fast as zlib (optional: `pip install keel-audit[fast]`)
     from isal import isal_zlib as _inflate_lib
 except ImportError:  # pragma: no cover - depends on the environment
     _inflate_lib = zlib
+# what reading a damaged member can raise, from zipfile, the OS, zlib or ISA-L
+_READ_ERRORS: tuple[type[BaseException], ...] = (
+    zipfile.BadZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    zlib.error,
+    _inflate_lib.error,
+)
 
 MAX_MEMBER = 8 << 30  # one member larger than 8 GiB is not a real extension
 MAX_TOTAL = 32 << 30  # nor is a wheel that unpacks to more than 32 GiB
@@ -140,7 +152,15 @@ class _RawStream:
         self.tail = b""
 
 
-def _unreadable(info: zipfile.ZipInfo, exc: Exception) -> AuditInputError:
+class _Stream(Protocol):
+    """A member's bytes in order: zipfile's own stream or _RawStream."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def _unreadable(info: zipfile.ZipInfo, exc: BaseException) -> AuditInputError:
     return AuditInputError(f"zip entry {info.filename!r}: cannot be read ({exc}); expected an intact wheel")
 
 
@@ -150,7 +170,7 @@ class MemberReader:
     Pieces in the first HEAD_WINDOW bytes and every range read are kept as they come (no big
     buffer); a read behind the stream outside those restarts the stream. zipfile checks the CRC
     when a pass reaches the end of the member: the section-header path (which reads the table at
-    the end) checks it, the dynamic-segment path (elfdyn.py) usually stops early and does not.
+    the end) checks it, the dynamic-segment path (elf/segments.py) usually stops early and does not.
     """
 
     streamed = True  # elf.read_elf tries the dynamic segment first
@@ -160,7 +180,7 @@ class MemberReader:
         self.kept: list[tuple[int, bytes]] = []  # (offset, bytes), sorted by offset
         self.pos = 0  # bytes inflated by the current pass
         self.passes = 0
-        self._fh: zipfile.ZipExtFile | _RawStream | None = None
+        self._fh: _Stream | None = None
 
     def read(self, offset: int, size: int) -> bytes:
         """Bytes [offset, offset + size), short at the end of the member like a file read."""
@@ -210,13 +230,14 @@ class MemberReader:
                 self._fh.read(1)
                 self._fh.close()
                 self._fh = None
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, _inflate_lib.error) as exc:
+        except _READ_ERRORS as exc:
             raise _unreadable(self.info, exc) from None
         self.kept.sort(key=lambda piece: piece[0])
 
-    def _open(self) -> zipfile.ZipExtFile | _RawStream:
-        raw = self.fd is not None and self.info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
-        return _RawStream(self.fd, self.info) if raw else self.zf.open(self.info)  # type: ignore[arg-type]
+    def _open(self) -> _Stream:
+        if self.fd is not None and self.info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            return _RawStream(self.fd, self.info)
+        return self.zf.open(self.info)
 
     def _keep(self, offset: int, data: bytes) -> None:
         if not self._cover(offset, offset + len(data)):
@@ -234,7 +255,7 @@ def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18, fd: int | N
             while len(out) < size and (piece := stream.read(size - len(out))):
                 out += piece
             return out
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, _inflate_lib.error) as exc:
+        except _READ_ERRORS as exc:
             raise _unreadable(info, exc) from None
     try:
         with zf.open(info) as fh:

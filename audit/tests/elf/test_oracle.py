@@ -3,20 +3,20 @@ binutils' `nm -D` / `readelf -d` and pyelftools' own symbol iteration (no keel_a
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from audit_support import SOURCES, compile_library, torch_library
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
-from keel_audit import elf
-from keel_audit.elfdyn import read_dynamic
-from keel_audit.elfslow import read_with_pyelftools
 
-from .conftest import SOURCES
+from keel_audit import elf
+from keel_audit.elf.fallback import read_with_pyelftools
+from keel_audit.elf.sections import read_sections
+from keel_audit.elf.segments import read_dynamic
 
 needs_binutils = pytest.mark.skipif(not (shutil.which("nm") and shutil.which("readelf")), reason="needs binutils")
 FIXTURES = sorted(k for k in SOURCES if k not in ("notelf", "truncated"))
@@ -58,20 +58,12 @@ def pyelftools_symbols(path: Path) -> tuple[set[str], set[str], tuple[str, ...]]
 
 def _readers(path: Path) -> dict[str, elf.ElfInfo | None]:
     data = path.read_bytes()
-    src = elf._BytesReader(data)
+    src = elf.BytesSource(data)
     return {
-        "bulk": elf._fast(src, data[:64]),
+        "bulk": read_sections(src, data[:64]),
         "dynamic": read_dynamic(src, data[:64]),
         "pyelftools-fallback": read_with_pyelftools(data),
     }
-
-
-def _torch_lib(name: str) -> Path | None:
-    spec = importlib.util.find_spec("torch")  # finds, does not import
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "lib" / name
-    return path if path.is_file() else None
 
 
 @needs_binutils
@@ -96,7 +88,7 @@ def test_readers_match_pyelftools_iteration(libs: dict[str, Path], fixture: str)
 @needs_binutils
 @pytest.mark.parametrize("name", ["libc10.so", "libtorch_cpu.so"])
 def test_readers_match_nm_on_torch(name: str) -> None:
-    path = _torch_lib(name)
+    path = torch_library(name)
     if path is None:
         pytest.skip(f"no installed torch with {name}")
     und, dfn = nm_symbols(path)
@@ -118,3 +110,44 @@ def test_pyelftools_fallback_on_object_without_sections(libs: dict[str, Path]) -
 def test_pyelftools_fallback_errors_are_format_errors() -> None:
     with pytest.raises(elf.ElfFormatError):
         read_with_pyelftools(b"\x7fELF" + bytes(60))
+
+
+# two versions of one function (f@VER_1 hidden, f@@VER_2 default), an unversioned-by-default one,
+# and an import with a glibc version: what a resolver of undefined symbols needs from both sides
+VERSIONED = (
+    "int f_old(void) { return 1; }\nint f_new(void) { return 2; }\nint plain(void) { return 3; }\n"
+    '__asm__(".symver f_old, f@VER_1");\n__asm__(".symver f_new, f@@VER_2");\n'
+    'extern int puts(const char*);\nint use(void) { return puts("x"); }\n'
+)
+VERSION_SCRIPT = "VER_1 { global: plain; f; local: *; };\nVER_2 { global: f; use; } VER_1;\n"
+
+
+def nm_versions(path: Path) -> tuple[set[tuple[str, str | None]], set[tuple[str, str | None, bool]]]:
+    """(undefined (name, version), defined (name, version, hidden)) as `nm -D --with-symbol-versions`
+    prints them: `name@@V` is the default version, `name@V` a hidden one (for definitions)."""
+    cmd = ["nm", "-D", "--with-symbol-versions", "--format=posix", str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    undefined, defined = set(), set()
+    for line in out.splitlines():
+        text, kind = line.split()[:2]
+        name, sep, version = text.partition("@@") if "@@" in text else text.partition("@")
+        if kind in ("U", "w", "v"):
+            undefined.add((name, version or None))
+        elif kind != "A":  # not the absolute symbol that names a version definition
+            defined.add((name, version or None, sep == "@"))
+    return undefined, defined
+
+
+@needs_binutils
+def test_symbol_versions_and_hidden_bit_match_nm(tmp_path: Path) -> None:
+    script = tmp_path / "v.map"
+    script.write_text(VERSION_SCRIPT)
+    path = compile_library(tmp_path / "libv.so", "c", VERSIONED, (f"-Wl,--version-script={script}",))
+    und, dfn = nm_versions(path)
+    assert ("f", "VER_1", True) in dfn and ("f", "VER_2", False) in dfn, dfn  # the oracle sees both
+    data = path.read_bytes()
+    for reader, info in _readers(path).items():
+        assert info is not None, reader
+        assert {(s.name, s.version) for s in info.undefined} == und, reader
+        assert {(s.name, s.version, s.hidden) for s in info.defined if s.name not in ("VER_1", "VER_2")} == dfn, reader
+    assert elf.read_elf(data) == elf.read_elf(path)

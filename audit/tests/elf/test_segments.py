@@ -2,35 +2,37 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import struct
 import zipfile
 from pathlib import Path
 
 import pytest
+from audit_support import SOURCES, SYSTEM_LIB_DIR, compile_library, torch_lib_dir
+
 from keel_audit import AuditInputError, audit, elf, wheelzip
-from keel_audit.elfdyn import read_dynamic
+from keel_audit.elf.sections import read_sections
+from keel_audit.elf.segments import read_dynamic
 
-from .conftest import SOURCES, _compile
-
-SYSTEM = Path("/usr/lib/x86_64-linux-gnu")
+SYSTEM = SYSTEM_LIB_DIR
 SYSTEM_LIBS = ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libz.so.1", "libgcc_s.so.1", "libpython3.11.so.1.0")
 
 
-def _both(path: Path) -> tuple[elf.ElfInfo | None, elf.ElfInfo]:
+def _both(path: Path) -> tuple[elf.ElfInfo | None, elf.ElfInfo | None]:
     """(dynamic-segment readout, section-header readout) of one file."""
     with open(path, "rb") as fh:
-        src = elf._FileReader(fh, path.stat().st_size)
+        src = elf.FileSource(fh, path.stat().st_size)
         head = src.read(0, 64)
-        return read_dynamic(src, head), elf._fast(src, head)
+        return read_dynamic(src, head), read_sections(src, head)
 
 
-def _torch_libs() -> list[Path]:
-    spec = importlib.util.find_spec("torch")  # finds, does not import
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return sorted(p for p in (Path(next(iter(spec.submodule_search_locations))) / "lib").glob("*.so*"))
+def _torch_libs() -> list[object]:  # paths, or one skipped param
+    lib = torch_lib_dir()
+    if lib is None:
+        return [
+            pytest.param(None, id="no-torch", marks=pytest.mark.skip(reason="no torch importable by this interpreter"))
+        ]
+    return sorted(lib.glob("*.so*"))
 
 
 def test_fixture_libraries_identical(libs: dict[str, Path]) -> None:
@@ -45,12 +47,12 @@ def test_fixture_libraries_identical(libs: dict[str, Path]) -> None:
 @pytest.mark.parametrize("style", ["sysv", "both", "gnu"])
 def test_hash_styles_identical(tmp_path: Path, style: str) -> None:
     lang, source, _ = SOURCES["vector"]
-    lib = _compile(tmp_path / f"h_{style}.so", lang, source, (f"-Wl,--hash-style={style}",))
+    lib = compile_library(tmp_path / f"h_{style}.so", lang, source, (f"-Wl,--hash-style={style}",))
     fast, full = _both(lib)
     assert fast is not None and fast == full and fast.undefined
 
 
-@pytest.mark.parametrize("path", _torch_libs(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _torch_libs(), ids=lambda p: getattr(p, "name", None))
 def test_torch_libraries_identical(path: Path) -> None:
     fast, full = _both(path)
     assert fast is not None and fast == full
@@ -163,5 +165,5 @@ def test_unusable_dynamic_segment_returns_none(libs: dict[str, Path], patch: str
         for pos in range(dyn[0], dyn[0] + dyn[1], 16):
             if struct.unpack_from("<q", out, pos)[0] == 6:  # DT_SYMTAB, pointed nowhere
                 struct.pack_into("<Q", out, pos + 8, 1 << 40)
-    src = elf._BytesReader(bytes(out))
+    src = elf.BytesSource(bytes(out))
     assert read_dynamic(src, bytes(out[:64])) is None

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[2]
+from audit_support import load_script
+
 HEADER = """
 #pragma once
 AOTI_TORCH_EXPORT AOTITorchError aoti_torch_old(int x);
@@ -24,12 +23,8 @@ AOTI_TORCH_EXPORT int32_t torch_brand_new();
 """
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_shim_table", REPO / "scripts/gen_shim_table.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_shim_table"] = module
-    spec.loader.exec_module(module)
-    return module
+def _generator() -> ModuleType:
+    return load_script("gen_shim_table")
 
 
 def test_header_guards() -> None:

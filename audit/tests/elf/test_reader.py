@@ -7,11 +7,11 @@ import struct
 from pathlib import Path
 
 import pytest
+from audit_support import make_wheel
 from elftools.elf.elffile import ELFFile
+
 from keel_audit.cli import main
 from keel_audit.elf import ElfFormatError, read_elf
-
-from .conftest import make_wheel
 
 
 def test_needed_runpath_and_versions(libs: dict[str, Path]) -> None:

@@ -1,4 +1,4 @@
-"""Readout from the program headers and PT_DYNAMIC alone, for streamed wheel members.
+"""The dynamic-segment reader: program headers and PT_DYNAMIC alone, for streamed wheel members.
 
 A linked object keeps .dynsym/.dynstr/.gnu.version*/.gnu.hash in its first PT_LOAD and .dynamic in
 the data segment; only the section header table (and debug info, .symtab, payloads) sit after them.
@@ -12,8 +12,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from .elf import _MACHINES, ElfFormatError, ElfInfo, RandomAccess
-from .elfsyms import dynamic_tags, dynsym_names, walk_versions
+from ..errors import ElfFormatError
+from .sections import EHDR32, EHDR64
+from .symbols import dynamic_tags, dynsym_names, walk_versions
+from .types import ElfInfo, RandomAccess, machine_name
 
 DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_SYMENT = 4, 5, 6, 10, 11
 DT_GNU_HASH, DT_VERSYM = 0x6FFFFEF5, 0x6FFFFFF0
@@ -23,6 +25,7 @@ _ADDRESS_TAGS |= {DT_VERDEF, DT_VERDEFNUM, DT_VERNEED, DT_VERNEEDNUM}
 _WIDE_HASH = (22, 0x9026)  # EM_S390, EM_ALPHA: 64-bit DT_HASH entries
 VERSION_WINDOW = 1 << 16  # bytes read at a verneed/verdef address (walks past it fall back)
 MAX_CHAIN = 1 << 20  # GNU hash chain steps before giving up
+CHAIN_BLOCK = 1024  # chain words read at once
 
 
 class _Unusable(Exception):
@@ -41,7 +44,7 @@ def _read(src: RandomAccess, head: bytes) -> ElfInfo:
     is64, e = head[4] == 2, "<" if head[5] == 1 else ">"
     if len(head) < (64 if is64 else 52):
         raise _Unusable
-    fields = struct.unpack_from(e + ("HHIQQQIHHHHHH" if is64 else "HHIIIIIHHHHHH"), head, 16)
+    fields = struct.unpack_from(e + (EHDR64 if is64 else EHDR32), head, 16)
     e_type, e_machine, _v, _entry, phoff, shoff, _fl, _eh, phentsize, phnum, shentsize, shnum, shstrndx = fields
     size = src.size
     if (
@@ -89,7 +92,7 @@ def _read(src: RandomAccess, head: bytes) -> ElfInfo:
         raise _Unusable
 
     strtab = at(tags[DT_STRTAB], tags[DT_STRSZ])
-    n_syms = _symbol_count(tags, at, e, 8 if is64 else 4, is64 and e_machine in _WIDE_HASH)
+    n_syms = _symbol_count(tags, at, e, 8 if is64 else 4, is64 and e_machine in _WIDE_HASH, loads)
     soname, needed, rpath, runpath = dynamic_tags(dyn, strtab, e, is64)
     names: dict[int, str] = {}
     needs: list[tuple[str, str]] = []
@@ -101,8 +104,7 @@ def _read(src: RandomAccess, head: bytes) -> ElfInfo:
         walk_versions(_window(loads, at, addr), strtab, need, count, e, names, needs)
     versym = at(tags[DT_VERSYM], 2 * n_syms) if DT_VERSYM in tags else b""
     syms = dynsym_names(at(tags[DT_SYMTAB], n_syms * sym_ent), strtab, versym, e, is64)
-    machine = _MACHINES.get(e_machine, e_machine)
-    return ElfInfo.assemble(machine, (soname, needed, rpath, runpath), syms, needs, names)  # type: ignore[arg-type]
+    return ElfInfo.assemble(machine_name(e_machine), (soname, needed, rpath, runpath), syms, needs, names)
 
 
 def _exact(src: RandomAccess, offset: int, n: int) -> bytes:
@@ -130,31 +132,51 @@ def _window(loads: list[tuple[int, int, int]], at: Callable[[int, int], bytes], 
 
 
 def _symbol_count(
-    tags: dict[int, int], at: Callable[[int, int], bytes], e: str, bloom_word: int, wide_hash: bool
+    tags: dict[int, int],
+    at: Callable[[int, int], bytes],
+    e: str,
+    bloom_word: int,
+    wide_hash: bool,
+    loads: list[tuple[int, int, int]],
 ) -> int:
     """.dynsym entries: DT_HASH nchain and/or the end of the last DT_GNU_HASH chain (must agree)."""
-    counts = set()
+    counts: set[int] = set()
     if DT_HASH in tags and not wide_hash:
-        counts.add(struct.unpack(e + "II", at(tags[DT_HASH], 8))[1])
+        counts.add(int(struct.unpack(e + "II", at(tags[DT_HASH], 8))[1]))
     if DT_GNU_HASH in tags:
-        counts.add(_gnu_count(tags[DT_GNU_HASH], at, e, bloom_word))
+        counts.add(_gnu_count(tags[DT_GNU_HASH], at, e, bloom_word, loads))
     if len(counts) != 1:
         raise _Unusable
     return counts.pop()
 
 
-def _gnu_count(addr: int, at: Callable[[int, int], bytes], e: str, word: int) -> int:
+def _gnu_count(addr: int, at: Callable[[int, int], bytes], e: str, word: int, loads: list[tuple[int, int, int]]) -> int:
     """Symbol count from a GNU hash table: past the chain end of the highest bucket, or symoffset."""
     nbuckets, symoffset, bloom_words, _shift = struct.unpack(e + "4I", at(addr, 16))
     buckets_at = addr + 16 + bloom_words * word
     buckets = struct.unpack(e + f"{nbuckets}I", at(buckets_at, 4 * nbuckets))
     last = max(buckets, default=0)
     if not last:
-        return symoffset
+        return int(symoffset)
     if last < symoffset:
         raise _Unusable
     chains_at = buckets_at + 4 * nbuckets
-    for idx in range(last, last + MAX_CHAIN):
-        if struct.unpack(e + "I", at(chains_at + 4 * (idx - symoffset), 4))[0] & 1:
-            return idx + 1
+    idx = last
+    while idx < last + MAX_CHAIN:  # chain words in blocks, each inside its PT_LOAD segment
+        start = chains_at + 4 * (idx - symoffset)
+        n = min(CHAIN_BLOCK, last + MAX_CHAIN - idx, _left(loads, start) // 4)
+        if n <= 0:
+            raise _Unusable
+        for k, value in enumerate(struct.unpack(f"{e}{n}I", at(start, 4 * n))):
+            if value & 1:
+                return int(idx + k + 1)
+        idx += n
     raise _Unusable
+
+
+def _left(loads: list[tuple[int, int, int]], addr: int) -> int:
+    """Bytes from `addr` to the end of the PT_LOAD segment holding it (0 when none does)."""
+    for vaddr, _off, filesz in loads:
+        if vaddr <= addr < vaddr + filesz:
+            return vaddr + filesz - addr
+    return 0

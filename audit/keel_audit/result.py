@@ -1,8 +1,17 @@
-"""Frozen results of an audit: findings, one LibraryAudit per ELF object, one PackageAudit."""
+"""Frozen results of an audit: findings, one LibraryAudit per ELF object, one PackageAudit.
+
+`PackageAudit.to_json()` is the versioned document (schema `keel-audit/2`); the readable table
+(`render()`) is drawn from that document by render.py, which knows nothing of these classes.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .mangling import demangle
+from .policy import SEVERITIES
+from .render import render_table
 
 SCHEMA = "keel-audit/2"
 STABLE, UNSTABLE, NO_TORCH, INVALID = "STABLE", "UNSTABLE", "NO-TORCH", "INVALID"
@@ -101,12 +110,33 @@ class PackageAudit:
 
     def render(self) -> str:
         """The readable table."""
-        from .render import render_table
+        return render_table(self.to_json())
 
-        return render_table(self)
-
-    def to_json(self) -> dict:
-        """The versioned JSON document (schema `keel-audit/1`)."""
-        from .render import to_json
-
-        return to_json(self)
+    def to_json(self) -> dict[str, Any]:
+        """The versioned JSON document (schema `keel-audit/2`): package verdicts first, then
+        libraries and findings (with severities)."""
+        libraries = []
+        for lib in self.libraries:
+            doc = asdict(lib)
+            doc["shim_symbols"] = dict(lib.shim_symbols)
+            doc["unstable_symbols"] = [{"name": n, "demangled": demangle(n)} for n in lib.unstable_symbols]
+            libraries.append(doc)
+        return {
+            "schema": SCHEMA,
+            "passed": bool(self),
+            "exit_code": self.exit_code,
+            "verdict": self.verdict,
+            "torch_floor": self.torch_floor,
+            "python_floor": self.python_floor,
+            "glibc_max": self.glibc_max,
+            "manylinux_floor": self.manylinux_floor,
+            "target_torch": self.target_torch,
+            "policy": self.policy,
+            "counts": {s: self.count(s) for s in SEVERITIES},
+            "requires_python": self.requires_python,
+            "allow": list(self.allow),
+            "sources": list(self.sources),
+            "tags": list(self.tags),
+            "findings": [{**asdict(f), "fatal": f.fatal} for f in self.findings],
+            "libraries": libraries,
+        }

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from keel_audit.table import cpython_table, is_shim_name, shim_table
+
+from keel_audit.symbol_tables import cpython_table, is_shim_name, shim_table
 
 RELEASES = ("2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 

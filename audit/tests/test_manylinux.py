@@ -18,14 +18,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from audit_support import load_script, make_wheel
+
 from keel_audit import audit
 from keel_audit.manylinux import manylinux_table
-
-from .conftest import make_wheel
-
-REPO = Path(__file__).resolve().parents[2]
 
 # stub soname -> {version: [symbols]} (a version node per entry, in order)
 STUBS = {
@@ -240,12 +239,8 @@ def test_auditwheel_agrees(versioned: dict[str, Path]) -> None:
         assert theirs == expected, name
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_manylinux_table", REPO / "scripts/gen_manylinux_table.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gen_manylinux_table"] = module
-    spec.loader.exec_module(module)
-    return module
+def _generator() -> ModuleType:
+    return load_script("gen_manylinux_table")
 
 
 def test_committed_table_is_the_generators_output() -> None:

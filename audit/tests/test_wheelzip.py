@@ -12,10 +12,10 @@ import zlib
 from pathlib import Path
 
 import pytest
+from audit_support import make_wheel
+
 from keel_audit import AuditInputError, audit, wheelzip
 from keel_audit.cli import main
-
-from .conftest import make_wheel
 
 
 def _zip(path: Path, entries: list[tuple[zipfile.ZipInfo | str, bytes]]) -> Path:

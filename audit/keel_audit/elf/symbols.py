@@ -1,4 +1,6 @@
-"""Bulk decoding of .dynamic and .dynsym/.dynstr/.gnu.version: arrays and byte strides, no per-symbol objects."""
+"""Bulk decoding of .dynamic, .dynsym/.dynstr/.gnu.version and the version tables (.gnu.version_r,
+.gnu.version_d): arrays and byte strides, no per-symbol objects. Every reader of the package uses
+these on the bytes it found, so all of them decode alike."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import struct
 import sys
 from itertools import accumulate, compress
 
-from .elf import ElfFormatError, SymbolExtra
+from ..errors import ElfFormatError
+from .types import DynamicSymbols, DynamicTags
 
 _NATIVE = "<" if sys.byteorder == "little" else ">"
 _BIND_OK = bytes((i >> 4) if (i >> 4) in (1, 2, 10) else 0 for i in range(256))  # global/weak/unique
@@ -25,7 +28,7 @@ def _and(*masks: bytes) -> bytes:
     return acc.to_bytes(len(masks[0]), "little")
 
 
-def _array(code: str, raw: bytes, endian: str) -> array.array:
+def _array(code: str, raw: bytes, endian: str) -> array.array[int]:
     out = array.array(code)
     out.frombytes(raw[: len(raw) // out.itemsize * out.itemsize])
     if endian != _NATIVE:
@@ -33,9 +36,7 @@ def _array(code: str, raw: bytes, endian: str) -> array.array:
     return out
 
 
-def dynsym_names(
-    raw: bytes, strtab: bytes, versym: bytes, endian: str, is64: bool
-) -> tuple[tuple[str, ...], tuple[str, ...], SymbolExtra, SymbolExtra]:
+def dynsym_names(raw: bytes, strtab: bytes, versym: bytes, endian: str, is64: bool) -> DynamicSymbols:
     """(undefined names, exported names, their binding/version extras) of a .dynsym section.
 
     Skips unnamed symbols and bindings other than global/weak/unique; exported means a defined
@@ -66,12 +67,14 @@ def dynsym_names(
 
     def names(select: bytes) -> tuple[str, ...]:
         offs = list(compress(name_off, select))
-        got = list(map(at, offs))
-        if None in got:  # a name that starts inside another one (tail merging)
-            got = [g if g is not None else text[n : text.find("\0", n)] for g, n in zip(got, offs, strict=True)]
+        found = list(map(at, offs))
+        if None in found:  # a name that starts inside another one (tail merging)
+            got = [g if g is not None else text[n : text.find("\0", n)] for g, n in zip(found, offs, strict=True)]
+        else:
+            got = found  # type: ignore[assignment]  # no None left: list[str]
         if not strtab.isascii():
             got = [g.encode("latin-1").decode("utf-8", "replace") for g in got]
-        return tuple(got)  # type: ignore[arg-type]
+        return tuple(got)
 
     every = (binds, vers.tobytes())  # Symbol objects are built from these only on demand
     return names(undefined), names(defined), (undefined, *every), (defined, *every)
@@ -89,9 +92,7 @@ def cstr(table: bytes, offset: int) -> str:
     return table[offset:end].decode("utf-8", "replace")
 
 
-def dynamic_tags(
-    raw: bytes, strtab: bytes, e: str, is64: bool
-) -> tuple[str | None, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+def dynamic_tags(raw: bytes, strtab: bytes, e: str, is64: bool) -> DynamicTags:
     """(soname, needed, rpath, runpath) from the .dynamic entries up to DT_NULL."""
     soname: str | None = None
     needed: list[str] = []

@@ -7,7 +7,7 @@ packages with torch-abi-audit, and prints, per library, both verdicts and torch 
 differ, with the reason keel gives. `--time N` also times both tools end to end (fresh processes,
 alternating, N rounds; medians and ratios from the same run).
 
-    python scripts/audit_real_wheels.py --cache /work/cache/wheels vllm==0.33.0 torchao==0.18.0
+    python audit/scripts/audit_real_wheels.py --cache /work/cache/wheels vllm==0.33.0 torchao==0.18.0
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
 from keel_audit import LibraryAudit, PackageAudit, audit
 from keel_audit.mangling import demangle
-from packaging.utils import canonicalize_name, parse_wheel_filename
 
 DEFAULT = ("vllm==0.33.0", "torchao==0.18.0", "xformers==0.0.35")
 

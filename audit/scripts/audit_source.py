@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-AUDIT = Path(__file__).resolve().parents[1] / "audit"
+AUDIT = Path(__file__).resolve().parents[1]  # audit/, the folder holding keel_audit/
 
 if __name__ == "__main__":
     sys.path.insert(0, str(AUDIT))

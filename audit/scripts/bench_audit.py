@@ -4,7 +4,7 @@ Builds, in a temp dir, a synthetic wheel of ~500 MB (many large .so files: a few
 symbols each plus an incompressible payload section), then times keel on the .whl and on the
 unpacked tree, and torch-abi-audit on the unpacked tree. Prints a markdown table.
 
-    python scripts/bench_audit.py [--size-mb 500] [--files 100] [--wheel dist/keel-*.whl] [--audit-dir DIR]
+    python audit/scripts/bench_audit.py [--size-mb 500] [--files 100] [--wheel dist/keel-*.whl] [--audit-dir DIR]
 
 --audit-dir times another copy of the audit package (audit/keel_audit, or an older commit's
 keel/audit from `git archive`, for before/after on one box).
@@ -25,11 +25,12 @@ import time
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+AUDIT = Path(__file__).resolve().parents[1]  # audit/
+ROOT = AUDIT.parent  # keel's checkout (its dist/ holds keel's wheel)
 N_UNSTABLE, N_SHIM, N_EXPORTED = 1500, 300, 1000
 
 
-def _load_audit(where: Path = ROOT / "audit/keel_audit"):
+def _load_audit(where: Path = AUDIT / "keel_audit"):
     """The audit package at `where`, loaded by file path under a private name (relative imports only)."""
     spec = importlib.util.spec_from_file_location(
         "_bench_audit", where / "__init__.py", submodule_search_locations=[str(where)]
@@ -42,7 +43,8 @@ def _load_audit(where: Path = ROOT / "audit/keel_audit"):
 
 def base_library(work: Path, audit) -> Path:
     """One C++ shared object: shim calls, unstable at:: references, exported functions."""
-    shims = sorted(audit.table.shim_table().symbols)[:N_SHIM]
+    tables = getattr(audit, "symbol_tables", None) or audit.table  # `table` before keel-audit 0.2's layout
+    shims = sorted(tables.shim_table().symbols)[:N_SHIM]
     lines = ["#include <vector>", 'extern "C" {'] + [f"int {s}();" for s in shims] + ["}"]
     lines += ["namespace at { struct Tensor { long x; };"]
     lines += [f"void op{i}(const std::vector<Tensor>&, long, double);" for i in range(N_UNSTABLE)] + ["}"]
@@ -103,7 +105,7 @@ def main() -> int:
     parser.add_argument("--size-mb", type=int, default=500)
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--wheel", default=str(ROOT / "dist/keel-*.whl"), help="keel's own wheel (glob)")
-    parser.add_argument("--audit-dir", type=Path, default=ROOT / "audit/keel_audit", help="audit package to time")
+    parser.add_argument("--audit-dir", type=Path, default=AUDIT / "keel_audit", help="audit package to time")
     args = parser.parse_args()
     audit = _load_audit(args.audit_dir)
     rows = []

@@ -12,7 +12,7 @@ installed or extracted), e.g. with the releases downloaded once outside the repo
     for v in 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0; do
       PIP_CONSTRAINT=/dev/null pip download --no-deps --only-binary :all: torch==$v -d /work/cache/torch-wheels
     done
-    python scripts/gen_shim_table.py --torch /work/cache/torch-wheels/torch-*.whl
+    python audit/scripts/gen_shim_table.py --torch /work/cache/torch-wheels/torch-*.whl
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from keel_audit.elf import ElfInfo, read_elf
-from keel_audit.table import is_cpython_name, is_shim_name
+from keel_audit.symbol_tables import is_cpython_name, is_shim_name
 from keel_audit.wheelzip import read_member
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # audit/
 BASELINE = "2.9"
 _GUARD = re.compile(r"TORCH_FEATURE_VERSION\s*>=\s*TORCH_VERSION_(\d+)_(\d+)_\d+")
 _DECL = re.compile(r"AOTI_TORCH_EXPORT\b[^;{}()]*?\b(\w+)\s*\(")
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         required=True,
         help="torch package directories or torch wheels",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "audit/keel_audit/data/torch_shim_symbols.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "keel_audit/data/torch_shim_symbols.json")
     parser.add_argument("--cpython-out", type=Path, help="also write the CPython limited-API table here")
     args = parser.parse_args(argv)
     scans = []

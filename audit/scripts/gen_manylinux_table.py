@@ -7,8 +7,8 @@ the audit compares against: per architecture and policy (its glibc version), the
 version of each family, plus the oldest policy that admits each non-numeric version name
 (`CXXABI_TM_1`, `GLIBC_ABI_DT_RELR`, ...), which has no order.
 
-    .venv/bin/python scripts/gen_manylinux_table.py            # writes the table
-    .venv/bin/python scripts/gen_manylinux_table.py --check    # exit 1 if the committed table differs
+    .venv/bin/python audit/scripts/gen_manylinux_table.py            # writes the table
+    .venv/bin/python audit/scripts/gen_manylinux_table.py --check    # exit 1 if the committed table differs
 
 It reads auditwheel's policy file from the installed auditwheel package (found, not imported) or
 from `--policy FILE`.
@@ -24,8 +24,7 @@ import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-TABLE = REPO / "audit/keel_audit/data/manylinux_policy.json"
+TABLE = Path(__file__).resolve().parents[1] / "keel_audit/data/manylinux_policy.json"
 FAMILIES = ("GLIBC", "GLIBCXX", "CXXABI", "GCC")
 _NUMERIC = re.compile(r"^\d+(\.\d+)*$")
 _POLICY_NAME = re.compile(r"^manylinux_(\d+)_(\d+)$")

@@ -6,12 +6,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from audit_support import make_wheel
+
 from keel_audit import PackageAudit, audit
 from keel_audit.classify import HEADER_ONLY, NO_TORCH_USE, UNSTABLE_USE, torch_use
 from keel_audit.mangling import demangle
-from keel_audit.table import shim_table
-
-from .conftest import make_wheel
+from keel_audit.symbol_tables import shim_table
 
 # case: (files {wheel path: fixture}, flags, verdict, exit code, error finding codes)
 CASES = {
@@ -216,6 +216,24 @@ def test_directory_and_files(libs: dict[str, Path], tmp_path: Path) -> None:
     assert by_dir.verdict == "UNSTABLE" and by_dir.exit_code == 1
     by_files = audit([libs["stable"], libs["weak_c10"]])
     assert [lib.verdict for lib in by_files.libraries] == ["STABLE", "UNSTABLE"]
+
+
+@pytest.mark.parametrize("container", ["wheel", "directory"])
+def test_damaged_executable_is_reported_not_dropped(libs: dict[str, Path], tmp_path: Path, container: str) -> None:
+    """A file not named *.so that starts like an ELF shared object (a PIE executable such as
+    vllm's `vllm-rs`) but is cut short is INVALID (exit 2), not silently left out."""
+    data = libs["stable"].read_bytes()
+    cut = data[: len(data) // 2]
+    if container == "wheel":
+        target = make_wheel(tmp_path / "w.whl", {"pkg/_C.abi3.so": libs["stable"], "pkg/bin/tool": cut})
+    else:
+        target = tmp_path / "tree"
+        (target / "bin").mkdir(parents=True)
+        (target / "bin" / "tool").write_bytes(cut)
+        (target / "_C.abi3.so").write_bytes(data)
+    result = audit([target])
+    tool = next(lib for lib in result.libraries if lib.path.endswith("bin/tool"))
+    assert (tool.verdict, result.exit_code) == ("INVALID", 2) and "truncated" in (tool.error or "")
 
 
 def test_json_schema(libs: dict[str, Path], tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from .errors import TableError
 from .versions import key as version_key
@@ -48,14 +49,15 @@ class CPythonTable:
     symbols: dict[str, str]
 
 
-def _load(path: Path) -> dict:
+def _load(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise TableError(f"audit table {path}: expected readable JSON, got {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("symbols"), dict):
         raise TableError(f"audit table {path}: expected schema 1 with a 'symbols' object")
-    return data
+    out: dict[str, Any] = data
+    return out
 
 
 @lru_cache(maxsize=4)

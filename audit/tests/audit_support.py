@@ -1,14 +1,24 @@
-"""Fixtures compiled inside the tests: tiny C/C++ shared objects and wheels built from them."""
+"""Helpers of the audit's tests: tiny C/C++ shared objects compiled inside the tests, wheels built
+from them, and where real ELF files of this machine are (torch's libraries, the interpreter's own
+extension modules, system libraries).
+
+conftest.py puts this folder on sys.path (pytest runs in importlib mode, the tests are no package),
+so test modules `from audit_support import ...` whether pytest runs from keel's root or from audit/.
+"""
 
 from __future__ import annotations
 
-import shutil
+import importlib.util
 import subprocess
+import sys
+import sysconfig
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 
-import pytest
+AUDIT_ROOT = Path(__file__).resolve().parents[1]  # audit/: the keel-audit project
+SCRIPTS = AUDIT_ROOT / "scripts"  # its table generators, benchmarks and the mutation harness
 
 SHIM = (
     "typedef int E; extern E aoti_torch_get_data_ptr(void*, void**);\n"
@@ -136,7 +146,8 @@ LINKED = {
 }
 
 
-def _compile(out: Path, lang: str, source: str, extra: tuple[str, ...]) -> Path:
+def compile_library(out: Path, lang: str, source: str, extra: tuple[str, ...]) -> Path:
+    """One shared object from C or C++ source (gcc/g++ -shared -fPIC -O2)."""
     src = out.with_suffix(".c" if lang == "c" else ".cpp")
     src.write_text(source)
     cc = "gcc" if lang == "c" else "g++"
@@ -144,12 +155,8 @@ def _compile(out: Path, lang: str, source: str, extra: tuple[str, ...]) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every fixture library, compiled once per session (skips when no C compiler is present)."""
-    if not shutil.which("gcc") or not shutil.which("g++"):
-        pytest.skip("gcc/g++ not available to build ELF fixtures")
-    d = tmp_path_factory.mktemp("elf")
+def build_libraries(d: Path) -> dict[str, Path]:
+    """Every fixture library of SOURCES and LINKED in `d`, plus a non-ELF and a truncated `.so`."""
     names = {
         "libc10": "libc10.so",
         "libcudart": "libcudart.so.13",
@@ -158,10 +165,10 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "libtorch_cpu": "libtorch_cpu.so",
     }
     with ThreadPoolExecutor(2) as pool:
-        done = {k: pool.submit(_compile, d / names.get(k, f"{k}.so"), *v) for k, v in SOURCES.items()}
+        done = {k: pool.submit(compile_library, d / names.get(k, f"{k}.so"), *v) for k, v in SOURCES.items()}
         out = {k: f.result() for k, f in done.items()}
         linked = {
-            k: pool.submit(_compile, d / f"{k}.so", "c", SOURCES[base][1], tuple(a.format(d=d) for a in args))
+            k: pool.submit(compile_library, d / f"{k}.so", "c", SOURCES[base][1], tuple(a.format(d=d) for a in args))
             for k, (base, args) in LINKED.items()
         }
         out.update({k: f.result() for k, f in linked.items()})
@@ -194,3 +201,45 @@ def make_wheel(
         zf.writestr(f"{dist}/METADATA", meta)
         zf.writestr(f"{dist}/RECORD", "")
     return path
+
+
+def torch_lib_dir() -> Path | None:
+    """torch/lib of the torch importable by this interpreter (found, not imported), or None.
+
+    Found through the import system, so any environment and any Python version works (not a path
+    into one checkout's .venv/lib/python3.X).
+    """
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return lib if lib.is_dir() else None
+
+
+def torch_library(name: str) -> Path | None:
+    """One library of the installed torch (`libc10.so`), or None."""
+    lib = torch_lib_dir()
+    path = lib / name if lib is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+SYSTEM_LIB_DIR = Path("/usr/lib/x86_64-linux-gnu")
+
+
+def interpreter_extensions() -> list[Path]:
+    """The running interpreter's own extension modules (lib-dynload/*.so): real ELF shared objects
+    that every CPython on Linux has, written by nobody here."""
+    where = sysconfig.get_config_var("DESTSHARED")
+    return sorted(Path(where).glob("*.so")) if where and Path(where).is_dir() else []
+
+
+def load_script(name: str) -> ModuleType:
+    """One of audit/scripts/*.py as a module (they are scripts, not part of the package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None, name
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module

@@ -3,11 +3,15 @@ the demangler agrees with binutils' `c++filt` (the oracle)."""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from audit_support import interpreter_extensions, torch_library
+
 from keel_audit.elf import read_elf
 from keel_audit.mangling import demangle, scan_mangled, scan_refs, torch_refs, unstable_torch_namespace
 
@@ -62,10 +66,29 @@ def test_torch_refs_from_demangled_text() -> None:
 
 
 def test_scanner_agrees_with_demangler_on_torch() -> None:
-    lib = Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/torch/lib/libc10.so"
-    if not lib.exists():
-        pytest.skip("no torch install beside the repository")
+    lib = torch_library("libc10.so")
+    if lib is None:
+        pytest.skip("no torch importable by this interpreter (libc10.so is the sample)")
     info = read_elf(lib)
     names = [s.name for s in info.undefined + info.defined if s.name.startswith("_Z")]
     assert names
     assert [n for n in names if bool(scan_mangled(n)) != bool(unstable_torch_namespace(n))] == []
+
+
+def test_torch_library_found_wherever_the_interpreter_finds_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The torch sample above is found through the import system, in any environment and under any
+    Python (a path into one checkout's .venv/lib/python3.11 skipped everywhere else)."""
+    sample = next(iter(interpreter_extensions()), None)
+    if sample is None:
+        pytest.skip("this interpreter has no lib-dynload extension modules to stand in for libc10.so")
+    fake = tmp_path / "site" / "torch"
+    (fake / "lib").mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('found, never imported')\n")
+    shutil.copy(sample, fake / "lib" / "libc10.so")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # find_spec returns an imported module's spec
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    assert torch_library("libc10.so") == fake / "lib" / "libc10.so"
+    assert torch_library("libnothing.so") is None
