@@ -68,7 +68,7 @@ _STOP = object()
 
 @dataclass(eq=False)
 class RequestStream:
-    """The outputs of one API request's sub-requests (one per choice), interleaved as they come.
+    """The outputs of one caller's sub-requests (for `keel serve`, one per choice), interleaved as they come.
 
     Iterating yields engine `RequestOutput`s until every sub-request has finished; `close()` (also
     called on any exit of `AsyncEngine.open`) aborts whatever is unfinished and releases the

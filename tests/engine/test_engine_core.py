@@ -140,6 +140,17 @@ def test_preemption_keeps_greedy_tokens(alone):
     assert m.kv_blocks_used == 0 and m.num_running == m.num_waiting == 0
 
 
+def test_prefix_is_looked_up_once_per_admission(engines, monkeypatch):
+    """The scheduler computes each waiting sequence's prefix-cache hit once and allocates with it."""
+    llm = engines("llama")
+    bm = llm.llm_engine.scheduler.block_manager
+    calls: list[int] = []
+    real = bm.cached_prefix
+    monkeypatch.setattr(bm, "cached_prefix", lambda ids: calls.append(len(ids)) or real(ids))
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert sorted(calls) == sorted(len(o.prompt_token_ids) for o in outs)  # one lookup per prompt
+
+
 def test_prefix_caching_same_tokens_as_without(engines):
     cached = engines("llama")
     plain = make_engine(enable_prefix_caching=False)
