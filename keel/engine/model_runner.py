@@ -45,7 +45,7 @@ class ModelRunner:
         elem = torch.empty(0, dtype=self.dtype).element_size()
         return 2 * cfg.num_hidden_layers * self.block_size * cfg.kv_size * elem
 
-    def _fit_kv_cache(self, num_blocks: int) -> None:
+    def fit_kv_cache(self, num_blocks: int) -> None:
         """Give every layer's pools [num_blocks, block_size, kv_heads, head_dim]: grown with zeros, keeping
         every block's contents; a smaller pool means a fresh block manager (nothing cached), so fresh zeros."""
         if num_blocks == self.num_kv_blocks:
@@ -104,7 +104,7 @@ class ModelRunner:
     def forward(self, batch: SchedulerOutput, all_logits: bool = False) -> torch.Tensor:
         """Forward each sequence's uncomputed tokens in one pass; logits [B, V] of each sequence's last token
         ([T, V] of every computed token with `all_logits`)."""
-        self._fit_kv_cache(batch.num_kv_blocks)
+        self.fit_kv_cache(batch.num_kv_blocks)  # a no-op unless the scheduler's pool changed size
         input_ids, positions, ctx = self.prepare(batch)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
         if not all_logits:
