@@ -1,7 +1,7 @@
 """keel: a small LLM inference engine whose compiled code uses only torch's stable ABI.
 
-Importing keel loads its native ops (`torch.ops.keel.*`); `keel.LLM` and
-`keel.SamplingParams` come from the engine, imported on first use.
+Importing keel loads its native ops (`torch.ops.keel.*`); `keel.LLM`, `keel.LLMEngine`,
+`keel.SamplingParams` and `keel.RequestOutput` come from the engine, imported on first use.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ _native.load()
 from keel import ops  # noqa: E402  (registers fake impls and autograd after the libraries load)
 
 if TYPE_CHECKING:
-    from keel.engine import LLM, SamplingParams
+    from keel.engine import LLM, LLMEngine, RequestOutput, SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "ops", "__version__"]
+__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams", "ops", "__version__"]
+_ENGINE_NAMES = frozenset(__all__[:4])
 
 
 def __getattr__(name: str) -> Any:
     # The engine pulls in tokenizers, safetensors and friends; only pay for it when used.
-    if name in ("LLM", "SamplingParams"):
+    if name in _ENGINE_NAMES:
         from keel import engine
 
         return getattr(engine, name)

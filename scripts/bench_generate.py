@@ -130,7 +130,7 @@ def run_keel(args: argparse.Namespace) -> dict:
 def run_hf(args: argparse.Namespace) -> dict:
     import transformers as tf
 
-    from keel.engine.llm import resolve_dtype
+    from keel.engine.dtypes import resolve_dtype
     from keel.hf.resolve import resolve_model
 
     folder = resolve_model(args.model)

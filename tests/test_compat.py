@@ -12,8 +12,8 @@ from torch import nn
 
 import keel
 from keel import _compat, ops
-from keel.engine import cpu_linear
-from keel.engine.llm import default_dtype
+from keel.engine.dtypes import default_dtype
+from keel.layers import linear as cpu_linear
 
 
 def without(monkeypatch, *names: str) -> None:

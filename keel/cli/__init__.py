@@ -6,15 +6,15 @@ import argparse
 import importlib
 import sys
 
-# verb modules, in the order `keel --help` lists them
-_VERBS = ("generate", "chat", "serve", "models", "audit")
+# verb -> its module under keel/cli, in the order `keel --help` lists them
+_VERBS = {"generate": "generate", "chat": "chat", "serve": "serve", "models": "model_cache", "audit": "audit"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keel", description="keel: a stable-ABI LLM inference engine")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
-    for name in _VERBS:
-        importlib.import_module(f"keel.cli.{name}").register(sub)
+    for module in _VERBS.values():
+        importlib.import_module(f"keel.cli.{module}").register(sub)
     return parser
 
 

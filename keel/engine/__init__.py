@@ -1,10 +1,16 @@
-"""keel's inference engine: `LLMEngine` (add_request / step / abort_request), the offline `LLM`, and
-`SamplingParams`."""
+"""keel's inference engine: `LLMEngine` (add_request / step / abort_request / metrics), the offline `LLM`
+over it, `SamplingParams` and `RequestOutput`.
+
+Inside, top down: `llm_engine` (each step = schedule -> run -> postprocess), `scheduler` (owns the KV-cache
+bookkeeping of `block_manager`), `model_runner` (owns the K/V tensors, prepares inputs, runs the model from
+`keel.models` / `keel.layers`, samples), `model_loader`, `sequence`, `output`, `dtypes`; `async_engine`
+drives an engine from one thread for asyncio callers (`keel serve`)."""
 
 from __future__ import annotations
 
-from keel.engine.core import EngineMetrics, GenerateStats, LLMEngine, RequestOutput
 from keel.engine.llm import LLM
+from keel.engine.llm_engine import LLMEngine
+from keel.engine.output import EngineMetrics, GenerateStats, RequestOutput
 from keel.engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "EngineMetrics", "GenerateStats", "LLMEngine", "RequestOutput", "SamplingParams"]

@@ -1,5 +1,9 @@
 """Paged KV-cache bookkeeping: a pool of fixed-size blocks, per-sequence block tables that grow with the
-sequence, and prefix caching of full blocks (chained token hashes, reference counts, LRU eviction)."""
+sequence, and prefix caching of full blocks (chained token hashes, reference counts, LRU eviction).
+
+The scheduler owns the one `BlockManager` (as nano-vllm's Scheduler owns its BlockManager and vLLM's its
+KVCacheManager); the model runner owns the K/V tensors those block ids index and maps token positions to
+cache slots with `slot_mapping`, the one place that does."""
 
 from __future__ import annotations
 
@@ -24,6 +28,20 @@ class Block:
     token_ids: tuple[int, ...] = ()
 
 
+@dataclass(slots=True, frozen=True)
+class PrefixHit:
+    """The cached full blocks a prompt starts with: their ids, chained hashes and the tokens they hold."""
+
+    block_ids: list[int]
+    hashes: list[int]
+    num_tokens: int
+
+
+def slot_mapping(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
+    """Flat cache slots (block * block_size + offset) of token positions [start, end) of one sequence."""
+    return [block_table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
 def block_hash(prefix_hash: int | None, token_ids: tuple[int, ...]) -> int:
     """Identity of a full block: its tokens and everything before it (through the previous block's hash).
     Python's tuple-of-int hash does not depend on PYTHONHASHSEED; hits are also checked token by token."""
@@ -45,7 +63,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         ids = list(range(num_blocks))
-        if shuffle_seed is not None:  # tests: block tables that are anything but contiguous
+        if shuffle_seed is not None:  # a test hook: block tables that are anything but contiguous
             random.Random(shuffle_seed).shuffle(ids)
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(ids)
         self._by_hash: dict[int, int] = {}  # block hash -> block id holding those tokens
@@ -65,7 +83,8 @@ class BlockManager:
         return self.blocks_for(num_tokens) <= len(self._free)
 
     def grow(self, num_blocks: int) -> None:
-        """Extend the pool to `num_blocks` (the runner has grown the cache tensors); new blocks are used first."""
+        """Extend the pool to `num_blocks` (the runner grows its cache tensors to match before the next step);
+        new blocks are used first."""
         for i in range(self.num_blocks, num_blocks):
             self.blocks.append(Block(i))
             self._free[i] = None
@@ -102,17 +121,13 @@ class BlockManager:
                 self._free[block_id] = None
         block_table.clear()
 
-    def slot(self, block_table: list[int], position: int) -> int:
-        """Flat cache slot (block * block_size + offset) of token `position`."""
-        return block_table[position // self.block_size] * self.block_size + position % self.block_size
-
-    def cached_prefix(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
-        """Ids and hashes of the longest chain of cached full blocks that starts `token_ids`. It stops one
-        token short of the end: the last token is always computed (its logits give the next token)."""
+    def cached_prefix(self, token_ids: list[int]) -> PrefixHit:
+        """The longest chain of cached full blocks that starts `token_ids`. It stops one token short of the
+        end: the last token is always computed (its logits give the next token)."""
         ids: list[int] = []
         hashes: list[int] = []
         if not self.enable_prefix_caching:
-            return ids, hashes
+            return PrefixHit(ids, hashes, 0)
         h = None
         bs = self.block_size
         for i in range((len(token_ids) - 1) // bs):
@@ -123,25 +138,29 @@ class BlockManager:
                 break
             ids.append(block_id)
             hashes.append(h)
-        return ids, hashes
+        return PrefixHit(ids, hashes, len(ids) * bs)
 
-    def allocate_sequence(self, seq: Sequence) -> bool:
-        """Give a waiting sequence blocks for all its tokens, sharing its cached prefix; False if too few free.
+    def _blocks_to_admit(self, seq: Sequence, hit: PrefixHit) -> int:
+        """Free blocks that admitting `seq` with `hit` takes: fresh ones plus cached hits nobody holds."""
+        fresh = self.blocks_for(len(seq.token_ids)) - len(hit.block_ids)
+        return fresh + sum(1 for b in hit.block_ids if self.blocks[b].ref_count == 0)
+
+    def allocate_sequence(self, seq: Sequence, hit: PrefixHit) -> bool:
+        """Give a waiting sequence blocks for all its tokens, sharing the cached prefix `hit` (from
+        `cached_prefix(seq.token_ids)`, with no allocation since); False if too few blocks are free.
         Sets `seq.num_computed_tokens` to the tokens served from the cache."""
         assert not seq.block_table, "allocate_sequence: the sequence already holds blocks"
-        hits, hashes = self.cached_prefix(seq.token_ids)
-        fresh = self.blocks_for(len(seq.token_ids)) - len(hits)
-        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # hits that leave the free list
-        if fresh + revived > len(self._free):
+        if self._blocks_to_admit(seq, hit) > len(self._free):
             return False
-        for block_id in hits:
+        for block_id in hit.block_ids:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
-        seq.block_table = hits + [self._take_fresh() for _ in range(fresh)]
-        seq.block_hashes = hashes
-        seq.num_computed_tokens = len(hits) * self.block_size
+        fresh = self.blocks_for(len(seq.token_ids)) - len(hit.block_ids)
+        seq.block_table = hit.block_ids + [self._take_fresh() for _ in range(fresh)]
+        seq.block_hashes = list(hit.hashes)
+        seq.num_computed_tokens = hit.num_tokens
         return True
 
     def append_slot(self, seq: Sequence) -> bool:

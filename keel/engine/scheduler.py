@@ -1,82 +1,152 @@
-"""`Scheduler`: which sequences the next forward pass computes (continuous batching with preemption)."""
+"""`Scheduler`: which sequences the next forward pass computes (continuous batching with preemption), and
+the owner of the KV-cache bookkeeping: allocation, pool growth, prefix-cache lookup once per admission,
+commit of computed blocks, release and preemption all go through it."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from dataclasses import dataclass
 
-from keel.engine.block_manager import BlockManager
+from keel.engine.block_manager import BlockManager, PrefixHit
 from keel.engine.sequence import Sequence
 
-GrowPool = Callable[[int], bool]  # (blocks wanted) -> whether the pool grew
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's work: each sequence computes its tokens [num_computed_tokens, len(token_ids)) into the
+    blocks of its table, which index a pool of `num_kv_blocks` blocks."""
+
+    seqs: list[Sequence]
+    num_prompt_tokens: int  # tokens of prompt work (0: a pure decode step)
+    num_kv_blocks: int
 
 
 class Scheduler:
     """Waiting requests queue in arrival order; running ones decode one token per step. Each step first
     gives every running sequence room for its next token, preempting the most recently admitted one when
     the pool is out of blocks (its blocks freed, back to the front of `waiting`, recomputed later), then
-    admits waiting sequences while sequence slots, the token budget and free blocks allow."""
+    admits waiting sequences while sequence slots, the token budget and free blocks allow.
 
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    The pool starts empty and grows on demand (at least doubling) up to `max_num_blocks`."""
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_num_blocks: int,
+        enable_prefix_caching: bool = True,
+    ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(
                 f"Scheduler: max_num_seqs and max_num_batched_tokens must be >= 1, "
                 f"got {max_num_seqs}, {max_num_batched_tokens}"
             )
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_num_blocks = max_num_blocks
+        self.block_manager = BlockManager(0, block_size, enable_prefix_caching=enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
         self.num_preemptions = 0
+        self.num_prompt_tokens = 0  # prompts admitted (each counted once, at its first admission)
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_cache_hits = 0  # of those, tokens served from it
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a sequence out of whichever queue holds it (abort, finish)."""
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of whichever queue holds it and free its blocks."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self.block_manager.release(seq)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+    def commit(self, seq: Sequence) -> None:
+        """After the forward pass: every token of `seq` has its K/V in the cache; its newly full blocks join
+        the prefix cache."""
+        seq.num_computed_tokens = len(seq.token_ids)
+        self.block_manager.commit(seq)
 
-    def _preempt(self, seq: Sequence, bm: BlockManager) -> None:
-        bm.release(seq)
+    def reserve(self, seqs: list[Sequence]) -> None:
+        """Size the pool once for the first wave of `seqs` (capped by max_num_blocks) instead of growing it
+        step by step (LLM.generate knows all its requests up front)."""
+        bm = self.block_manager
+        need = sum(bm.blocks_for(s.max_len) for s in seqs[: self.max_num_seqs])
+        want = min(max(need, max(bm.blocks_for(s.max_len) for s in seqs)), self.max_num_blocks)
+        if want > bm.num_blocks:
+            bm.grow(want)
+
+    def _grow(self, want: int) -> bool:
+        """Grow the pool by at least `want` blocks (at least doubling it, capped by max_num_blocks); False
+        when it is already full size."""
+        have = self.block_manager.num_blocks
+        if have >= self.max_num_blocks:
+            return False
+        self.block_manager.grow(min(self.max_num_blocks, max(2 * have, have + want)))
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.release(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def schedule(self, bm: BlockManager, grow: GrowPool) -> list[Sequence]:
+    def _admit(self, seq: Sequence, hit: PrefixHit, new_tokens: int) -> bool:
+        """Allocate `seq`'s blocks with its prefix hit (looked up once, growing the pool if it is short)."""
+        bm = self.block_manager
+        if not bm.allocate_sequence(seq, hit) and not (
+            self._grow(bm.blocks_for(new_tokens)) and bm.allocate_sequence(seq, hit)
+        ):
+            return False
+        if seq.num_cached_tokens < 0:  # first admission (not a preempted one's return): count the prompt
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.num_prompt_tokens += seq.num_prompt
+            self.prefix_cache_queries += seq.num_prompt
+            self.prefix_cache_hits += seq.num_cached_tokens
+        return True
+
+    def schedule(self) -> SchedulerOutput:
         """The sequences of the next step; each computes `seq.num_new_tokens` tokens."""
+        bm = self.block_manager
         batch: list[Sequence] = []
         preempted = False
         i = 0
         while i < len(self.running):
             seq = self.running[i]
             while not bm.append_slot(seq):
-                if grow(1):
+                if self._grow(1):
                     continue
                 victim = self.running.pop()
-                self._preempt(victim, bm)
+                self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
             else:
                 batch.append(seq)
                 i += 1
-        if preempted:  # admitting now would only take the blocks the running ones are short of
-            return batch
         budget = self.max_num_batched_tokens - len(batch)
-        while self.waiting and len(self.running) < self.max_num_seqs:
+        while not preempted and self.waiting and len(self.running) < self.max_num_seqs:
+            # (after a preemption, admitting would only take the blocks the running ones are short of)
             seq = self.waiting[0]
-            cached, _ = bm.cached_prefix(seq.token_ids)
-            new_tokens = len(seq.token_ids) - len(cached) * bm.block_size
+            hit = bm.cached_prefix(seq.token_ids)  # once per admission, passed on to the allocation
+            new_tokens = len(seq.token_ids) - hit.num_tokens
             if batch and new_tokens > budget:
                 break
-            if not bm.allocate_sequence(seq) and not (grow(bm.blocks_for(new_tokens)) and bm.allocate_sequence(seq)):
+            if not self._admit(seq, hit, new_tokens):
                 break
             self.waiting.popleft()
             self.running.append(seq)
             batch.append(seq)
             budget -= seq.num_new_tokens
-        return batch
+        if not batch and self.waiting:
+            raise RuntimeError(
+                f"the KV cache ({bm.num_blocks} blocks) cannot fit the next request "
+                f"({bm.blocks_for(len(self.waiting[0].token_ids))} blocks)"
+            )
+        prompt = sum(s.num_new_tokens for s in batch if s.num_new_tokens > 1 or not s.output_ids)
+        return SchedulerOutput(batch, prompt, bm.num_blocks)

@@ -21,9 +21,8 @@ class FinishReason(enum.Enum):
 
 @dataclass(slots=True)
 class Sequence:
-    """Mutable per-request state owned by the engine."""
+    """Mutable per-request state owned by the engine (the scheduler moves it between its queues)."""
 
-    index: int  # the caller's position for it (LLM.generate: index in the prompt list)
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams

@@ -1,60 +1,24 @@
-"""Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3, Mistral) over keel's ops and a paged KV cache."""
+"""Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3, Mistral) from keel's layers over a paged KV cache."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from typing import cast
 
 import torch
 from torch import nn
 
 from keel import ops
-from keel.engine.attention import AttnMetadata, paged_attention
-from keel.hf.config import ModelConfig, RopeConfig
+from keel.hf.config import ModelConfig
 from keel.hf.weights import WeightsError
-
-
-def rope_cos_sin_cache(
-    rope: RopeConfig, head_dim: int, max_pos: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """[max_pos, head_dim] = cat(cos, sin), each head_dim/2 wide; llama3 scaling as in transformers."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    if rope.rope_type == "llama3":
-        old_len = rope.original_max_position_embeddings
-        low_wavelen = old_len / rope.low_freq_factor
-        high_wavelen = old_len / rope.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
-        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv_freq = torch.where(medium, smoothed, scaled)
-    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)  # [P, D/2]
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device=device, dtype=dtype)
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm; with a residual it does the fused `residual += x; x = norm(residual)` in place."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return ops.rms_norm(x, self.weight, self.eps)
-        ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
-        return x, residual
+from keel.layers.attention import AttnMetadata, PagedAttention
+from keel.layers.norm import RMSNorm
+from keel.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
-    """GQA attention: fused qkv projection, rotary (keel ops), then the engine's paged attention seam."""
+    """GQA attention: fused qkv projection, rotary (shared by every layer), then the paged attention seam."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads,
@@ -68,10 +32,8 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.sliding_window = cfg.sliding_window
-        self.k_cache = torch.empty(0)  # [num_blocks, block_size, kv_heads, head_dim], set by the runner
-        self.v_cache = torch.empty(0)
-        self.cos_sin_cache = torch.empty(0)  # [max_pos, head_dim], shared, set after loading
+        self.rotary_emb = rotary_emb
+        self.attn = PagedAttention(window=cfg.sliding_window)  # holds this layer's K/V pools
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
         t = x.shape[0]
@@ -80,11 +42,11 @@ class Attention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q.view(t, self.num_heads, self.head_dim)).view(t, self.q_size)
             k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)).view(t, self.kv_size)
-        ops.rotary_embedding(positions, q, k, self.head_dim, self.cos_sin_cache, True)
+        self.rotary_emb(positions, q, k)  # in place
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         q = q.view(t, self.num_heads, self.head_dim)
-        out = paged_attention(q, k, v, self.k_cache, self.v_cache, ctx, window=self.sliding_window)  # [T, H, D]
+        out = self.attn(q, k, v, ctx)  # [T, H, D]
         return self.o_proj(out.view(t, self.q_size))
 
 
@@ -103,9 +65,9 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream travels beside the hidden state (vLLM pattern)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, rotary_emb)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -126,7 +88,8 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary_emb) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
@@ -165,16 +128,10 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, V]
 
-    def attention_layers(self) -> list[Attention]:
-        """Every layer's attention module (each holds its layer's K/V pools and the rope cache)."""
-        return [cast(DecoderLayer, layer).self_attn for layer in self.model.layers]
-
     def init_rope(self) -> None:
-        """Build the shared cos/sin cache on the model's device and dtype (after loading)."""
-        cfg, w = self.config, self.model.embed_tokens.weight
-        cache = rope_cos_sin_cache(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, w.dtype, w.device)
-        for attn in self.attention_layers():
-            attn.cos_sin_cache = cache
+        """Build the shared cos/sin table on the model's device and dtype (after loading)."""
+        w = self.model.embed_tokens.weight
+        self.model.rotary_emb.build(w.dtype, w.device)
 
     def _shard_sizes(self, fused: str) -> list[int]:
         cfg = self.config

@@ -1,5 +1,6 @@
-"""The engine's attention seam against a float64 softmax(QK^T)V per sequence: ragged batches with cached
-prefixes, decode steps, GQA, sliding windows, shuffled block tables, contexts crossing block edges."""
+"""The attention seam (keel/layers/attention.py) against a float64 softmax(QK^T)V per sequence: ragged
+batches with cached prefixes, decode steps, GQA, sliding windows, shuffled block tables, contexts crossing
+block edges."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from tiny_checkpoints import needs_ops
 
-from keel.engine.attention import PAGE_MULTIPLE, AttnMetadata, paged_attention
+from keel.layers.attention import PAGE_MULTIPLE, AttnMetadata, paged_attention
 
 pytestmark = needs_ops
 

@@ -83,7 +83,7 @@ def test_bad_sampling_args(hf_cache, capsys, argv):
 
 @pytest.mark.parametrize("flag, want_chat", [([], True), (["--chat"], True), (["--raw"], False)])
 def test_chat_template_is_the_default(hf_cache, capsys, monkeypatch, flag, want_chat):
-    from keel.engine.llm import LLM
+    from keel.engine import LLM
 
     used = []
     real_chat = LLM.chat

@@ -19,7 +19,7 @@ PROMPTS = [
 GREEDY = SamplingParams(max_tokens=20, ignore_eos=True)
 
 
-def make_engine(arch: str = "llama", cls: type[LLMEngine] = LLM, **kw) -> LLMEngine:
+def make_engine(arch: str = "llama", cls: type = LLM, **kw):
     return cls(f"keel-test/tiny-{arch}", dtype="float32", device="cpu", block_size=16, progress=False, **kw)
 
 
@@ -67,7 +67,7 @@ def test_paged_kernels_greedy_match_transformers(arch, engines, hf_models):
 
 
 def test_add_request_rejects_bad_input(engines):
-    engine = engines("llama")
+    engine = engines("llama").llm_engine
     with pytest.raises(ValueError, match="request 'e' is empty"):
         engine.add_request("e", [], GREEDY)
     with pytest.raises(ValueError, match=r"outside \[0, \d+\) \(the vocabulary\)"):
@@ -84,7 +84,7 @@ def test_add_request_rejects_bad_input(engines):
 
 
 def test_streamed_deltas_add_up(engines):
-    engine = engines("qwen2")
+    engine = engines("qwen2").llm_engine
     engine.add_request("s", PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True))
     trace: list = []
     final = run_to_end(engine, trace)["s"]
@@ -95,7 +95,7 @@ def test_streamed_deltas_add_up(engines):
 
 
 def test_request_added_mid_decode_joins_the_batch(engines, alone):
-    engine = engines("llama")
+    engine = engines("llama").llm_engine
     engine.add_request("a", PROMPTS[0], GREEDY)
     trace: list = []
     for _ in range(4):
@@ -108,8 +108,8 @@ def test_request_added_mid_decode_joins_the_batch(engines, alone):
 
 
 def test_abort_frees_blocks(engines):
-    engine = engines("llama")
-    bm = engine.runner.block_manager
+    engine = engines("llama").llm_engine
+    bm = engine.scheduler.block_manager
     for i, p in enumerate(PROMPTS):
         engine.add_request(f"x{i}", p, GREEDY)
     engine.step()
@@ -129,7 +129,7 @@ def test_abort_frees_blocks(engines):
 def test_preemption_keeps_greedy_tokens(alone):
     probe = make_engine(cls=LLMEngine)
     per_block = probe.runner.kv_bytes_per_block()
-    biggest = max(probe.runner.block_manager.blocks_for(len(probe.tokenizer.encode(p)) + 20) for p in PROMPTS)
+    biggest = max(probe.scheduler.block_manager.blocks_for(len(probe.tokenizer.encode(p)) + 20) for p in PROMPTS)
     engine = make_engine(cls=LLMEngine, max_kv_cache_bytes=(biggest + 1) * per_block)  # room for one and a bit
     for i, p in enumerate(PROMPTS):
         engine.add_request(str(i), p, GREEDY)
@@ -138,6 +138,17 @@ def test_preemption_keeps_greedy_tokens(alone):
     assert m.num_preemptions > 0 and m.kv_blocks_total == biggest + 1
     assert [final[str(i)].token_ids for i in range(3)] == alone
     assert m.kv_blocks_used == 0 and m.num_running == m.num_waiting == 0
+
+
+def test_prefix_is_looked_up_once_per_admission(engines, monkeypatch):
+    """The scheduler computes each waiting sequence's prefix-cache hit once and allocates with it."""
+    llm = engines("llama")
+    bm = llm.llm_engine.scheduler.block_manager
+    calls: list[int] = []
+    real = bm.cached_prefix
+    monkeypatch.setattr(bm, "cached_prefix", lambda ids: calls.append(len(ids)) or real(ids))
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert sorted(calls) == sorted(len(o.prompt_token_ids) for o in outs)  # one lookup per prompt
 
 
 def test_prefix_caching_same_tokens_as_without(engines):
@@ -152,7 +163,7 @@ def test_prefix_caching_same_tokens_as_without(engines):
     assert [o.token_ids for o in rest] == want and first.token_ids == want[0]
     assert all(o.num_cached_tokens >= 16 for o in rest)  # the shared prefix came from the cache
     assert plain.generate(prompts[:1], params)[0].num_cached_tokens == 0
-    assert plain.metrics().prefix_cache_hits == 0 < cached.metrics().prefix_cache_hits
+    assert plain.llm_engine.metrics().prefix_cache_hits == 0 < cached.llm_engine.metrics().prefix_cache_hits
 
 
 def test_second_chat_turn_is_served_from_cache(engines):
@@ -191,23 +202,23 @@ def test_generate_from_several_threads_takes_turns(engines, alone):
         t.join(120)
     assert not errors, errors
     assert [results[i] for i in range(3)] == alone
-    assert not llm.has_unfinished_requests() and llm.metrics().kv_blocks_used == 0
+    assert not llm.llm_engine.has_unfinished_requests() and llm.llm_engine.metrics().kv_blocks_used == 0
 
 
 def test_second_thread_inside_the_engine_is_refused(engines, monkeypatch):
     """A thread that calls step / add / abort while another is inside step gets a clear error; nothing leaks."""
     import threading
 
-    engine = engines("llama")
+    engine = engines("llama").llm_engine
     inside, release = threading.Event(), threading.Event()
-    real_step = engine.runner.step
+    real_run = engine.runner.run
 
-    def slow_step(seqs):
+    def slow_run(batch):
         inside.set()
         release.wait(60)
-        return real_step(seqs)
+        return real_run(batch)
 
-    monkeypatch.setattr(engine.runner, "step", slow_step)
+    monkeypatch.setattr(engine.runner, "run", slow_run)
     engine.add_request("t0", PROMPTS[0], SamplingParams(max_tokens=2, ignore_eos=True))
     stepper = threading.Thread(target=engine.step, name="stepper")
     stepper.start()

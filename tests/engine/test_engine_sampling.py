@@ -7,8 +7,8 @@ import torch
 from tiny_checkpoints import needs_ops
 
 from keel.engine import SamplingParams
-from keel.engine.block_manager import BlockManager, CacheFullError
-from keel.engine.sampler import apply_repetition_penalty, filter_top_k_top_p
+from keel.engine.block_manager import BlockManager, CacheFullError, slot_mapping
+from keel.layers.sampler import apply_repetition_penalty, filter_top_k_top_p
 
 
 def test_repetition_penalty_matches_transformers():
@@ -47,7 +47,7 @@ def test_sampling_params_validation():
 def test_block_manager_reserves_and_frees():
     bm = BlockManager(4, 16)
     table = bm.allocate(33)
-    assert len(table) == 3 and bm.num_free == 1 and bm.slot(table, 17) == table[1] * 16 + 1
+    assert len(table) == 3 and bm.num_free == 1 and slot_mapping(table, 16, 17, 18) == [table[1] * 16 + 1]
     assert not bm.can_allocate(17)
     bm.free(table)
     assert bm.num_free == 4 and table == []
@@ -77,11 +77,11 @@ def test_eos_stops_generation(llms):
     llm = llms("llama")
     free = llm.generate("The quick brown", SamplingParams(max_tokens=12, ignore_eos=True))[0]
     eos = free.token_ids[4]
-    llm.eos_token_ids = frozenset({eos})
+    llm.llm_engine.eos_token_ids = frozenset({eos})
     try:
         out = llm.generate("The quick brown", SamplingParams(max_tokens=12))[0]
     finally:
-        llm.eos_token_ids = frozenset(llm.tokenizer.eos_token_ids)
+        llm.llm_engine.eos_token_ids = frozenset(llm.tokenizer.eos_token_ids)
     assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: free.token_ids.index(eos) + 1]
 
 
@@ -102,4 +102,5 @@ def test_interrupted_generate_frees_blocks(llms):
 
     with pytest.raises(KeyboardInterrupt):
         llm.generate(["The quick brown", "fox"], SamplingParams(max_tokens=8, ignore_eos=True), stream=boom)
-    assert llm.runner.block_manager.num_free == llm.runner.num_blocks
+    bm = llm.llm_engine.scheduler.block_manager
+    assert bm.num_free == bm.num_blocks > 0

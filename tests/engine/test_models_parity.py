@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.engine import keel_prompt_logits
+from support.engine import engine_of, fresh_kv_pool, keel_prompt_logits
 from tiny_checkpoints import ARCHS, needs_ops
 
 from keel.engine import SamplingParams
@@ -63,9 +63,10 @@ def test_shuffled_block_tables_same_tokens(arch, llms):
     llm = llms(arch)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     plain = llm.generate(PROMPTS, params)
-    llm.runner.allocate_kv_cache(llm.runner.num_blocks + 7)  # fresh pool, identity order
-    shuffled = llm.generate(PROMPTS, params, shuffle_blocks_seed=123)
-    pool_shuffled = sorted(llm.runner.block_manager._free) != list(llm.runner.block_manager._free)
+    sched = engine_of(llm).scheduler
+    fresh_kv_pool(llm, sched.block_manager.num_blocks + 7, shuffle_seed=123)  # fresh pool, shuffled order
+    shuffled = llm.generate(PROMPTS, params)
+    pool_shuffled = sorted(sched.block_manager._free) != list(sched.block_manager._free)
     assert pool_shuffled  # the pool really was shuffled
     assert [o.token_ids for o in plain] == [o.token_ids for o in shuffled]
 
@@ -92,26 +93,24 @@ def test_bf16_prepacked_linears_match_plain(hf_cache):
 
 def test_waves_when_seqs_or_blocks_run_out(llms):
     """More prompts than max_num_seqs / cache blocks: admitted in waves, prefill interleaved with decode."""
-    llm = llms("qwen3")
+    llm, engine = llms("qwen3"), engine_of(llms("qwen3"))
     prompts = PROMPTS + ["fox jumps", "Hello world! Numbers"]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 14, 9, 3, 11)]
     single = [llm.generate(p, sp)[0].token_ids for p, sp in zip(prompts, params, strict=True)]
-    llm.max_num_seqs = 2
+    engine.max_num_seqs = 2
     try:
         assert [o.token_ids for o in llm.generate(prompts, params)] == single
     finally:
-        llm.max_num_seqs = 64
-    llm.runner.allocate_kv_cache(1)
-    budget, llm.max_kv_cache_bytes = llm.max_kv_cache_bytes, llm.runner.kv_bytes_per_block() * 20
+        engine.max_num_seqs = 64
+    fresh_kv_pool(llm, 1)
+    budget, engine.max_kv_cache_bytes = engine.max_kv_cache_bytes, engine.runner.kv_bytes_per_block() * 20
     try:
         assert [o.token_ids for o in llm.generate(prompts, params)] == single
-        need = sum(
-            llm.runner.block_manager.blocks_for(len(o.prompt_token_ids) + len(o.token_ids))
-            for o in llm.generate(prompts, params)
-        )
-        assert llm.runner.num_blocks == 20 < need  # the pool really was too small for all at once
+        bm = engine.scheduler.block_manager
+        need = sum(bm.blocks_for(len(o.prompt_token_ids) + len(o.token_ids)) for o in llm.generate(prompts, params))
+        assert bm.num_blocks == engine.runner.num_kv_blocks == 20 < need  # the pool really was too small for all
     finally:
-        llm.max_kv_cache_bytes = budget
+        engine.max_kv_cache_bytes = budget
 
 
 # bf16 parity with transformers in bf16 (eager attention). keel and transformers round at different

@@ -120,8 +120,8 @@ class Served:
 
 
 def start_server(folder: Path, *, engine_kwargs: dict | None = None, **app_kwargs: Any) -> Served:
+    from keel.engine.async_engine import AsyncEngine
     from keel.entrypoints.openai.api_server import ServerLimits, ServerThread, build_app
-    from keel.entrypoints.openai.engine_client import AsyncEngine
 
     limits = app_kwargs.pop("limits", None) or ServerLimits(max_tokens=512)
     llm = make_engine(folder, **(engine_kwargs or {}))

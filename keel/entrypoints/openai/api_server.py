@@ -23,11 +23,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from keel.engine.async_engine import AsyncEngine
 from keel.entrypoints.openai.chat_completion.api_router import router as chat_router
 from keel.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from keel.entrypoints.openai.completion.api_router import router as completion_router
 from keel.entrypoints.openai.completion.serving import OpenAIServingCompletion
-from keel.entrypoints.openai.engine_client import AsyncEngine
 from keel.entrypoints.openai.errors import APIError, install_handlers
 from keel.entrypoints.openai.models.api_router import router as models_router
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
@@ -156,7 +156,7 @@ def build_app(
     @app.get("/metrics")
     async def metrics(raw: Request) -> PlainTextResponse:
         eng: AsyncEngine = raw.app.state.engine
-        text = render_prometheus(model_name, eng.metrics_snapshot, eng.stats, eng.tokens_per_s)
+        text = render_prometheus(model_name, eng, raw.app.state.serving.stats)
         return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
 
     return Guard(app, api_key, limits.max_body_bytes)  # type: ignore[return-value]

@@ -22,9 +22,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from keel.entrypoints.openai.engine_client import AsyncEngine, EngineDead, Overloaded, RequestStream
+from keel.engine.async_engine import AsyncEngine, EngineDead, Overloaded, RequestStream
 from keel.entrypoints.openai.errors import APIError, bad_request, log
 from keel.entrypoints.openai.protocol import SamplingRequest, UsageInfo
+from keel.entrypoints.openai.stats import ServerStats
 
 _SEED_SPAN = 2**64
 
@@ -60,7 +61,7 @@ class Generation:
 
     async def outputs(self) -> AsyncIterator[tuple[Choice, Any]]:
         """(choice, engine output) pairs, after updating the choice and the server statistics."""
-        stats = self.serving.engine.stats
+        stats = self.serving.stats
         async for out in self.stream:
             choice = self.choices[out.request_id]
             now = time.perf_counter()
@@ -76,7 +77,7 @@ class Generation:
             if out.finished:
                 if out.finish_reason != "stop" and out.finish_reason != "length":
                     raise APIError(503, f"the engine ended the request ({out.finish_reason}); retry later")
-                choice.finish_reason = out.finish_reason
+                choice.finish_reason = "stop" if out.finish_reason == "stop" else "length"  # checked above
                 stats.finished[out.finish_reason] += 1
                 stats.e2e_s.observe(now - self.arrival_s)
             yield choice, out
@@ -119,6 +120,7 @@ class OpenAIServing:
 
     def __init__(self, engine: AsyncEngine, tokenizer: Any, config: ServingConfig) -> None:
         self.engine, self.tokenizer, self.config = engine, tokenizer, config
+        self.stats = ServerStats()  # what the HTTP layer counts (event-loop side only)
 
     def check_model(self, req: SamplingRequest) -> None:
         if req.model != self.config.model_name:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from keel import __version__ as keel_version
+
+if TYPE_CHECKING:
+    from keel.engine.async_engine import AsyncEngine
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -56,13 +59,13 @@ class ServerStats:
     e2e_s: Histogram = field(default_factory=lambda: Histogram(_LATENCY_BUCKETS))
     itl_s: Histogram = field(default_factory=lambda: Histogram(_ITL_BUCKETS))
     finished: Counter = field(default_factory=Counter)  # finish_reason -> sub-requests
-    aborted: int = 0  # sub-requests aborted by the server (client gone, error)
-    rejected: int = 0  # API requests refused with 503 (overloaded)
 
 
-def render_prometheus(model: str, engine_metrics: Any, stats: ServerStats, tokens_per_s: float) -> str:
-    """The whole `/metrics` page."""
-    m, lab = engine_metrics, f'model_name="{_escape(model)}"'
+def render_prometheus(model: str, engine: AsyncEngine[Any], stats: ServerStats) -> str:
+    """The whole `/metrics` page: the engine's metrics (as of its last step), its admission counters and
+    token rate, and the HTTP layer's statistics."""
+    m, lab = engine.metrics_snapshot, f'model_name="{_escape(model)}"'
+    tokens_per_s = engine.tokens_per_s
     lines: list[str] = []
     lines += [
         "# HELP keel_build_info keel and the torch it runs on (the same wheel serves several torch releases).",
@@ -99,9 +102,14 @@ def render_prometheus(model: str, engine_metrics: Any, stats: ServerStats, token
         m.prefix_cache_queries,
     )
     metric("keel_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.", m.prefix_cache_hits)
-    metric("keel_request_aborted_total", "counter", "Requests aborted (client disconnected or error).", stats.aborted)
     metric(
-        "keel_request_rejected_total", "counter", "Requests refused because the server was overloaded.", stats.rejected
+        "keel_request_aborted_total", "counter", "Requests aborted (client disconnected or error).", engine.num_aborted
+    )
+    metric(
+        "keel_request_rejected_total",
+        "counter",
+        "Requests refused because the server was overloaded.",
+        engine.num_rejected,
     )
     lines += [
         "# HELP keel_request_success_total Requests finished, by finish reason.",

@@ -1,4 +1,4 @@
-"""The engine's FP8 path (keel/engine/fp8_linear.py): Fp8Linear against nn.Linear, every linear swapped
+"""The engine's FP8 path (keel/layers/fp8_linear.py): Fp8Linear against nn.Linear, every linear swapped
 (lm_head included, the embedding kept), and end to end on the real SmolLM2-135M: `quantization="fp8"`
 answers the capital-of-France prompt and its perplexity on tests/data/perplexity_text.txt is within 3%
 of bf16 (both values are printed). The real-model tests skip when the GGUF is not installed."""
@@ -14,7 +14,7 @@ from support.engine import keel_prompt_logits
 from support.smollm2 import needs_smollm2 as needs_model
 from torch import nn
 
-from keel.engine.fp8_linear import BLOCK_RECIPE, ROW_RECIPE, Fp8Linear, check_quantization, quantize_linears
+from keel.layers.fp8_linear import BLOCK_RECIPE, ROW_RECIPE, Fp8Linear, check_quantization, quantize_linears
 from keel.vendored import deep_gemm as dg
 
 TEXT = Path(__file__).resolve().parents[2] / "data" / "perplexity_text.txt"

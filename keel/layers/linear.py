@@ -1,4 +1,5 @@
-"""How the model's `nn.Linear` layers run: a runner policy, the model code stays plain `nn.Linear`.
+"""How a model's `nn.Linear` layers run: the engine's model runner swaps them (a policy applied to the loaded
+model, as gpt-fast applies compilation in its runner); the model code stays plain `nn.Linear`.
 
 Default (`KeelLinear`): every projection through `keel.ops.linear`, whose CPU kernel takes any row count, so
 CPU results depend on keel's code only and are the same on every torch release. Opt-in (`PackedLinear`,
@@ -40,10 +41,11 @@ class PackedLinear(nn.Module):
     """`nn.Linear` that runs few-row calls (decode) through `keel.ops.linear` and the rest (prefill) through a
     copy of the weight that oneDNN has reordered once into its blocked layout.
 
-    On a 2-core AVX512-BF16 CPU, for SmolLM2-135M: keel's GEMV streams the plain weight ~1.2-1.3x faster than
-    oneDNN's prepacked kernel up to 8 rows (oneDNN wins from ~12); prepacking makes prefill ~25% faster than
-    `F.linear`. The cost is both copies of the weight in memory. The oneDNN ops are private torch API
-    (keel._compat): where this torch lacks them, prefill runs `F.linear` on the plain weight."""
+    Few rows go to keel's GEMV, which streams the plain weight faster than oneDNN's prepacked kernel does
+    at decode sizes; prompts go to oneDNN, which reorders the weight for its blocked GEMM (the crossover
+    measured on SmolLM2-135M is in the README's "Generating text"). The cost is both copies of the weight
+    in memory. The oneDNN ops are private torch API (keel._compat): where this torch lacks them, prefill
+    runs `F.linear` on the plain weight."""
 
     def __init__(self, linear: nn.Linear, batch_hint: int = 8, gemv_rows: int = 8) -> None:
         super().__init__()

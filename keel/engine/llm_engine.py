@@ -1,10 +1,12 @@
-"""`LLMEngine`: requests in (`add_request`, `abort_request`), one scheduler step at a time out (`step`).
+"""`LLMEngine`: requests in (`add_request`, `abort_request`), one step at a time out (`step`).
 
-Requests that arrive while others decode join the batch at the next step (continuous batching); every
-step is one varlen forward pass over the new prompts (past their cached prefix) and the running decodes.
-Not thread-safe: drive it from one thread at a time (`keel serve`'s AsyncEngine owns it in one thread;
-`LLM.generate` serializes its callers). A call that enters while another thread is inside the engine
-raises instead of corrupting the scheduler and the block tables."""
+Each step is schedule -> run -> postprocess: the scheduler picks the sequences and their KV blocks, the
+model runner computes them in one varlen forward pass (the new prompts past their cached prefix and the
+running decodes) and samples, and `_postprocess` appends each token, checks the stops, detokenizes and
+finishes requests. Requests that arrive while others decode join the batch at the next step (continuous
+batching). Not thread-safe: drive it from one thread at a time (`keel serve`'s AsyncEngine owns it in one
+thread; `LLM.generate` serializes its callers). A call that enters while another thread is inside the
+engine raises instead of corrupting the scheduler and the block tables."""
 
 from __future__ import annotations
 
@@ -12,67 +14,26 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
-from keel.engine.fp8_linear import check_quantization, quantize_linears
-from keel.engine.runner import ModelRunner, load_model
-from keel.engine.sampler import sample
+from keel.engine.dtypes import resolve_dtype
+from keel.engine.model_loader import load_model
+from keel.engine.model_runner import ModelRunner
+from keel.engine.output import EngineMetrics, GenerateStats, RequestOutput, request_output
 from keel.engine.sampling_params import SamplingParams
 from keel.engine.scheduler import Scheduler
 from keel.engine.sequence import FinishReason, Sequence
 from keel.hf.config import ModelConfig, read_config_json
 from keel.hf.resolve import DEFAULT_MODEL, resolve_model
 from keel.hf.tokenizer import IncrementalDetokenizer, Tokenizer
+from keel.layers.fp8_linear import check_quantization
 from keel.models import get_model_class
 
 
-@dataclass(slots=True, frozen=True)
-class RequestOutput:
-    """A request's state after a step: everything so far plus what this step added."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    text: str  # all text released so far (a possible stop string's prefix is held back until decided)
-    token_ids: list[int]  # all output tokens so far
-    delta_text: str
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None  # "stop" (eos or stop string), "length", "abort"; None while running
-    num_cached_tokens: int  # prompt tokens served from the prefix cache
-    ttft_s: float  # time to first token, from add_request
-    total_s: float  # from add_request to this output
-
-
-@dataclass(slots=True, frozen=True)
-class EngineMetrics:
-    """Counters for monitoring; `kv_blocks_total` is the capacity max_kv_cache_bytes allows."""
-
-    num_running: int
-    num_waiting: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    num_preemptions: int
-    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
-    prefix_cache_hits: int  # of those, tokens served from it
-
-
-@dataclass(slots=True)
-class GenerateStats:
-    """Time and tokens by phase: steps with any prompt work count as prefill, the others as decode."""
-
-    prefill_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_tokens: int = 0
-    decode_s: float = 0.0
-
-
 class LLMEngine:
-    """A loaded model, its tokenizer, the paged KV cache and the scheduler."""
+    """A loaded model, its tokenizer, the model runner (and the K/V tensors) and the scheduler (and the
+    KV-cache bookkeeping)."""
 
     def __init__(
         self,
@@ -90,8 +51,6 @@ class LLMEngine:
         cpu_prepack: bool = False,
         quantization: str | None = None,
     ) -> None:
-        from keel.engine.llm import resolve_dtype  # llm.py builds on this module
-
         self.model_id = model
         self.folder = resolve_model(model, revision)
         raw = read_config_json(self.folder / "config.json")
@@ -99,22 +58,25 @@ class LLMEngine:
         self.config = ModelConfig.from_dict(raw)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = resolve_dtype(dtype, self.device)
+        self.quantization = check_quantization(quantization)
         self.tokenizer = Tokenizer(self.folder)
         self.model = load_model(self.folder, self.config, self.dtype, self.device, progress=progress)
-        self.quantization = check_quantization(quantization)
-        if self.quantization == "fp8":  # FP8 weights through the vendored fp8_gemm_nt (keel/engine/fp8_linear.py)
-            quantize_linears(self.model)
-        self.runner = ModelRunner(self.model, block_size, cpu_prepack, enable_prefix_caching)
-        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
-        self.max_kv_cache_bytes = max_kv_cache_bytes
+        self.runner = ModelRunner(self.model, block_size, cpu_prepack=cpu_prepack, quantization=self.quantization)
+        self.scheduler = Scheduler(
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_blocks=max(1, max_kv_cache_bytes // self.runner.kv_bytes_per_block()),
+            enable_prefix_caching=enable_prefix_caching,
+        )
+        self._max_kv_cache_bytes = max_kv_cache_bytes
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         self.stats = GenerateStats()
         self._requests: dict[str, Sequence] = {}
         self._aborted: list[RequestOutput] = []  # reported by the next step
-        self._totals = {"prompt": 0, "generation": 0, "queries": 0, "hits": 0}
+        self._num_generation_tokens = 0
         self._inside = threading.Lock()  # held while a thread mutates the engine (see _exclusive)
         self._inside_thread: str | None = None
-        self._generate_lock = threading.Lock()  # LLM.generate / chat callers on several threads take turns
 
     @contextlib.contextmanager
     def _exclusive(self, op: str) -> Iterator[None]:
@@ -140,9 +102,19 @@ class LLMEngine:
     def max_num_seqs(self, value: int) -> None:
         self.scheduler.max_num_seqs = value
 
+    @property
+    def max_kv_cache_bytes(self) -> int:
+        """The KV pool's budget; the pool grows to it on demand."""
+        return self._max_kv_cache_bytes
+
+    @max_kv_cache_bytes.setter
+    def max_kv_cache_bytes(self, value: int) -> None:
+        self._max_kv_cache_bytes = value
+        self.scheduler.max_num_blocks = max(1, value // self.runner.kv_bytes_per_block())
+
     def max_kv_blocks(self) -> int:
         """Pool capacity in blocks under `max_kv_cache_bytes` (the pool grows to it on demand)."""
-        return max(1, self.max_kv_cache_bytes // self.runner.kv_bytes_per_block())
+        return self.scheduler.max_num_blocks
 
     def make_sequence(self, label: str, prompt: str | list[int], params: SamplingParams) -> Sequence:
         """Tokenize and validate one request; `label` names it in errors."""
@@ -158,7 +130,7 @@ class LLMEngine:
                 f"(max_position_embeddings), so at most {limit - 1} prompt tokens fit"
             )
         max_len = min(len(ids) + params.max_tokens, limit)
-        need, budget = self.runner.block_manager.blocks_for(max_len), self.max_kv_blocks()
+        need, budget = self.scheduler.block_manager.blocks_for(max_len), self.max_kv_blocks()
         if need > budget:
             raise ValueError(
                 f"{label} needs {need} KV blocks ({max_len} tokens) but max_kv_cache_bytes allows {budget}; "
@@ -169,7 +141,6 @@ class LLMEngine:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed)
         return Sequence(
-            index=0,
             prompt=prompt if isinstance(prompt, str) else None,
             prompt_token_ids=ids,
             params=params,
@@ -193,85 +164,66 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
         self.add_sequence(request_id, self.make_sequence(f"request {request_id!r}", prompt, params or SamplingParams()))
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop a request and free its blocks now; the next step reports it with finish_reason "abort".
-        Unknown or finished ids are ignored."""
+    def abort_request(self, request_id: str, *, report: bool = True) -> None:
+        """Stop a request and free its blocks now; the next step reports it with finish_reason "abort"
+        (`report=False`: nobody waits for it, drop it silently). Unknown or finished ids are ignored."""
         with self._exclusive("abort_request"):
             seq = self._requests.pop(request_id, None)
             if seq is None:
                 return
-            self.scheduler.remove(seq)
-            self.runner.block_manager.release(seq)
+            self.scheduler.finish(seq)
             seq.finish, seq.end_s = FinishReason.ABORT, time.perf_counter()
-            self._aborted.append(self._output(seq, [], ""))
+            if report:
+                self._aborted.append(request_output(seq, [], ""))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
     def metrics(self) -> EngineMetrics:
-        t = self._totals
+        s = self.scheduler
         return EngineMetrics(
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
-            kv_blocks_used=self.runner.block_manager.num_used,
-            kv_blocks_total=self.max_kv_blocks(),
-            prompt_tokens_total=t["prompt"],
-            generation_tokens_total=t["generation"],
-            num_preemptions=self.scheduler.num_preemptions,
-            prefix_cache_queries=t["queries"],
-            prefix_cache_hits=t["hits"],
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            kv_blocks_used=s.block_manager.num_used,
+            kv_blocks_total=s.max_num_blocks,
+            prompt_tokens_total=s.num_prompt_tokens,
+            generation_tokens_total=self._num_generation_tokens,
+            num_preemptions=s.num_preemptions,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
         )
 
-    def _grow_pool(self, want: int) -> bool:
-        """Grow the KV pool (at least doubling, capped by max_kv_cache_bytes); False when already full size."""
-        have, cap = self.runner.num_blocks, self.max_kv_blocks()
-        if have >= cap:
-            return False
-        self.runner.grow_kv_cache(min(cap, max(2 * have, have + want)))
-        return True
-
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; one output per request that got a token or finished (aborts included)."""
+        """Run one step; one output per request that got a token or finished (aborts included)."""
         with self._exclusive("step"):
-            return self._step()
+            outputs, self._aborted = self._aborted, []
+            batch = self.scheduler.schedule()
+            if not batch.seqs:
+                return outputs
+            self.runner.fit_kv_cache(batch.num_kv_blocks)  # growing the pool is not step time (GenerateStats)
+            t0 = time.perf_counter()
+            tokens = self.runner.run(batch)
+            now = time.perf_counter()
+            if batch.num_prompt_tokens:
+                self.stats.prefill_tokens += batch.num_prompt_tokens
+                self.stats.prefill_s += now - t0
+            else:
+                self.stats.decode_tokens += len(batch.seqs)
+                self.stats.decode_s += now - t0
+            self._num_generation_tokens += len(batch.seqs)
+            return outputs + self._postprocess(batch.seqs, tokens, now)
 
-    def _step(self) -> list[RequestOutput]:
-        outputs, self._aborted = self._aborted, []
-        bm = self.runner.block_manager
-        seqs = self.scheduler.schedule(bm, self._grow_pool)
-        if not seqs:
-            if self.scheduler.waiting:
-                raise RuntimeError(
-                    f"the KV cache ({bm.num_blocks} blocks) cannot fit the next request "
-                    f"({bm.blocks_for(len(self.scheduler.waiting[0].token_ids))} blocks)"
-                )
-            return outputs
-        for seq in seqs:
-            if seq.num_cached_tokens < 0:  # first admission: count the prompt and its prefix-cache hit
-                seq.num_cached_tokens = seq.num_computed_tokens
-                self._totals["prompt"] += seq.num_prompt
-                self._totals["queries"] += seq.num_prompt
-                self._totals["hits"] += seq.num_cached_tokens
-        prompt_work = sum(s.num_new_tokens for s in seqs if s.num_new_tokens > 1 or not s.output_ids)
-        t0 = time.perf_counter()
-        tokens = sample(self.runner.step(seqs), seqs)
-        now = time.perf_counter()
-        if prompt_work:
-            self.stats.prefill_tokens += prompt_work
-            self.stats.prefill_s += now - t0
-        else:
-            self.stats.decode_tokens += len(seqs)
-            self.stats.decode_s += now - t0
-        self._totals["generation"] += len(seqs)
+    def _postprocess(self, seqs: list[Sequence], tokens: list[int], now: float) -> list[RequestOutput]:
+        """After the forward pass, in one place: commit the computed blocks, append each token, check the
+        stops, detokenize, and finish the requests that ended (their blocks freed)."""
+        outputs = []
         for seq, token in zip(seqs, tokens, strict=True):
-            seq.num_computed_tokens = len(seq.token_ids)
-            bm.commit(seq)
+            self.scheduler.commit(seq)
             delta = self._append(seq, token, now)
             if seq.finish is not None:
-                self.scheduler.remove(seq)
-                bm.release(seq)
+                self.scheduler.finish(seq)
                 del self._requests[seq.request_id]
-            outputs.append(self._output(seq, [token], delta))
+            outputs.append(request_output(seq, [token], delta))
         return outputs
 
     def _append(self, seq: Sequence, token: int, now: float) -> str:
@@ -299,20 +251,3 @@ class LLMEngine:
         ready = max(seq.streamed, len(seq.text) - holdback)
         delta, seq.streamed = seq.text[seq.streamed : ready], ready
         return delta
-
-    def _output(self, seq: Sequence, new_token_ids: list[int], delta: str) -> RequestOutput:
-        end = seq.end_s if seq.finish is not None else time.perf_counter()
-        return RequestOutput(
-            request_id=seq.request_id,
-            prompt=seq.prompt,
-            prompt_token_ids=seq.prompt_token_ids,
-            text=seq.text[: seq.streamed],
-            token_ids=seq.output_ids,
-            delta_text=delta,
-            new_token_ids=new_token_ids,
-            finished=seq.finish is not None,
-            finish_reason=seq.finish.value if seq.finish is not None else None,
-            num_cached_tokens=max(seq.num_cached_tokens, 0),
-            ttft_s=(seq.first_token_s - seq.start_s) if seq.first_token_s else 0.0,
-            total_s=end - seq.start_s,
-        )

@@ -1,25 +1,22 @@
-"""FP8 weights for the engine (`quantization="fp8"`): every `nn.Linear` becomes an `Fp8Linear` whose weight is
-cast once, at load time, to float8_e4m3fn with fp32 scales per row and 128-wide K group (DeepGEMM's
-(1, 1, 128) recipe; DeepSeek-V3's 128x128 blocks are the other choice), and whose input is cast per token
-(1x128 groups) at every call, as DeepSeek-V3 runs its linears; the product runs through the vendored DeepGEMM-style
-`fp8_gemm_nt`. A runner policy like cpu_linear's prepacking: the model code stays plain
-`nn.Linear`. The embedding lookup keeps its bf16/fp32 table (a tied lm_head gets its own FP8 copy)."""
+"""FP8 weights (`quantization="fp8"`): every `nn.Linear` becomes an `Fp8Linear` whose weight is cast once, at
+load time, to float8_e4m3fn with fp32 scales per row and 128-wide K group (DeepGEMM's (1, 1, 128) recipe;
+DeepSeek-V3's 128x128 blocks are the other choice), and whose input is cast per token (1x128 groups) at
+every call, as DeepSeek-V3 runs its linears; the product runs through the vendored DeepGEMM-style
+`fp8_gemm_nt`. A runner policy like linear.py's prepacking: the model code stays plain `nn.Linear`. The
+embedding lookup keeps its bf16/fp32 table (a tied lm_head gets its own FP8 copy)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from keel.engine.cpu_linear import KeelLinear
+from keel.layers.linear import KeelLinear
 
 QUANTIZATIONS = ("none", "fp8")
 # DeepGEMM's scale recipes (m, n, k): (1, 128, 128) = 128x128 weight blocks (DeepSeek-V3's);
-# (1, 1, 128) = one scale per weight row and 128-wide K group (3% more bytes of scales), the engine's
-# default. On SmolLM2-135M (tests/data's text) 128x128 costs +4.5% perplexity over bf16 (keeping lm_head
-# in bf16 still +4.3%), 1x128 +1.5%, at the same decode speed on CPU (1.00x, scripts/bench_generate.py).
+# (1, 1, 128) = one scale per weight row and 128-wide K group (4 bytes of scale per 128 weight bytes: 3%
+# more memory), the default: it costs less perplexity at the same decode speed (the measured figures are
+# in the README's deep_gemm section).
 BLOCK_RECIPE = (1, 128, 128)
 ROW_RECIPE = (1, 1, 128)
 DEFAULT_RECIPE = ROW_RECIPE
@@ -80,8 +77,6 @@ class Fp8Linear(nn.Module):
 def quantize_linears(model: nn.Module, recipe: tuple[int, int, int] = DEFAULT_RECIPE) -> int:
     """Replace every `nn.Linear` (or the runner's `KeelLinear`) of `model`, lm_head included, by an
     `Fp8Linear`, in place; returns how many."""
-    from keel.engine.cpu_linear import KeelLinear
-
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):

@@ -1,11 +1,12 @@
-"""`keel models fetch-demo`: install the offline default model (keel's conversion of SmolLM2-135M-Instruct)."""
+"""`keel models fetch-demo`: install the offline default model (keel's conversion of SmolLM2-135M-Instruct)
+into keel's own model cache."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..hf.resolve import DEFAULT_MODEL
+from keel.hf.resolve import DEFAULT_MODEL
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fetch_demo(args: argparse.Namespace) -> int:
-    from ..gguf.install import GGUFError, fetch_demo, remove_legacy
+    from keel.gguf.install import GGUFError, fetch_demo, remove_legacy
 
     try:
         result = fetch_demo(gguf=args.gguf, cache_dir=args.cache_dir, force=args.force, dtype=args.dtype)

@@ -1,8 +1,9 @@
-"""The one attention seam of the engine: write a step's new K/V into the paged cache, then attend every
+"""The one attention seam of keel's models: write a step's new K/V into the paged cache, then attend every
 new query to its sequence's whole context (cached prefix + new tokens) through the block tables.
 
-The runner builds one `AttnMetadata` per step (varlen layout, flash-attention's argument names); every
-layer calls `paged_attention`, which hands the block tables to keel's vendored flash-attention kernels
+The engine's model runner builds one `AttnMetadata` per step (varlen layout, flash-attention's argument
+names) and binds each layer's K/V pools into its `PagedAttention`; every layer calls `paged_attention`,
+which hands the block tables to keel's vendored flash-attention kernels
 (`keel.vendored.flash_attn`): no gather copy, no dense mask, GQA and sliding windows in the kernel.
 Block sizes that are not a multiple of 16 (the tests' tiny 4-token blocks) are beyond the paged
 kernels; for those the context rows are gathered into packed K/V for the same varlen kernel."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from keel import ops
 from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
@@ -19,7 +21,8 @@ from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvc
 
 @dataclass(slots=True)
 class AttnMetadata:
-    """Per-step attention metadata, shared by every layer. Sequence b's new queries are rows
+    """Per-step attention metadata, shared by every layer (the step's context object: layers take plain
+    tensors plus this). Sequence b's new queries are rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1]; they sit at the end of its seqused_k[b] context tokens."""
 
     slot_mapping: torch.Tensor  # [T] int64: flat cache slot of each new token
@@ -110,3 +113,19 @@ def paged_attention(
         block_table=md.block_tables,
         seqused_k=md.seqused_k,
     )
+
+
+class PagedAttention(nn.Module):
+    """A layer's attention over its paged K/V pools [num_blocks, block_size, kv_heads, head_dim].
+
+    The pools are plain attributes, empty until the model runner binds the tensors it owns (and grows)."""
+
+    def __init__(self, scale: float | None = None, window: int | None = None) -> None:
+        super().__init__()
+        self.scale, self.window = scale, window
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> torch.Tensor:
+        """q [T, H, D], new k/v [T, KV, D] -> [T, H, D]."""
+        return paged_attention(q, k, v, self.k_cache, self.v_cache, md, scale=self.scale, window=self.window)

@@ -1,10 +1,11 @@
-"""`AsyncEngine`: the single-threaded `LLMEngine` driven from one background thread, for asyncio callers.
+"""`AsyncEngine`: a single-threaded engine (`LLMEngine`) driven from one background thread, for asyncio callers.
 
 The engine is not thread-safe, so exactly one thread touches it. Callers on the event loop send
 commands (add / abort / stop) through a thread-safe queue that the engine thread drains between
 steps; each step's outputs go back to the owning request's `asyncio.Queue` with
 `loop.call_soon_threadsafe`. A request counts against the admission bound from the moment it is
-accepted until its stream is closed, which bounds the engine's waiting queue (`Overloaded`: 503).
+accepted until its stream is closed, which bounds the engine's waiting queue (`Overloaded`). Nothing
+here knows HTTP: `keel serve` (keel/entrypoints/openai) builds on it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,27 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from keel.entrypoints.openai.stats import ServerStats
+from keel.engine.output import EngineMetrics, RequestOutput
+from keel.engine.sampling_params import SamplingParams
+
+
+class SyncEngine(Protocol):
+    """What `AsyncEngine` drives: `LLMEngine`'s request API (a test double needs only these)."""
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def metrics(self) -> EngineMetrics: ...
+
+
+EngineT = TypeVar("EngineT", bound=SyncEngine)
 
 
 class Overloaded(RuntimeError):
@@ -33,7 +52,7 @@ class EngineDead(RuntimeError):
 class _Add:
     ids: list[str]
     prompts: list[list[int]]
-    params: list[Any]
+    params: list[SamplingParams]
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
     added: asyncio.Future
@@ -49,14 +68,14 @@ _STOP = object()
 
 @dataclass(eq=False)
 class RequestStream:
-    """The outputs of one API request's sub-requests (one per choice), interleaved as they come.
+    """The outputs of one caller's sub-requests (for `keel serve`, one per choice), interleaved as they come.
 
     Iterating yields engine `RequestOutput`s until every sub-request has finished; `close()` (also
     called on any exit of `AsyncEngine.open`) aborts whatever is unfinished and releases the
     admission slot. Safe to call more than once.
     """
 
-    engine: AsyncEngine
+    engine: AsyncEngine[Any]
     ids: list[str]
     outputs: asyncio.Queue
     unfinished: set[str] = field(default_factory=set)
@@ -65,10 +84,10 @@ class RequestStream:
     def __post_init__(self) -> None:
         self.unfinished = set(self.ids)
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[Any]:
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
         while self.unfinished:
             out = await self.outputs.get()
             if isinstance(out, BaseException):
@@ -83,21 +102,22 @@ class RequestStream:
         self.closed = True
         if self.unfinished:
             self.engine._commands.put(_Abort(sorted(self.unfinished)))
-            self.engine.stats.aborted += len(self.unfinished)
+            self.engine.num_aborted += len(self.unfinished)
             self.unfinished.clear()
         self.engine._admitted -= len(self.ids)
         self.engine._open.discard(self)
 
 
-class AsyncEngine:
-    """Owns an `LLMEngine` (or anything with its add_request / abort_request / step API) in one thread."""
+class AsyncEngine(Generic[EngineT]):
+    """Owns an `LLMEngine` (or anything with its request API, `SyncEngine`) in one thread."""
 
-    def __init__(self, engine: Any, *, max_admitted: int, rate_window_s: float = 10.0) -> None:
+    def __init__(self, engine: EngineT, *, max_admitted: int, rate_window_s: float = 10.0) -> None:
         if max_admitted < 1:
             raise ValueError(f"AsyncEngine: max_admitted must be >= 1, got {max_admitted}")
         self.engine = engine
         self.max_admitted = max_admitted
-        self.stats = ServerStats()
+        self.num_rejected = 0  # open() calls refused as overloaded
+        self.num_aborted = 0  # sub-requests closed before they finished (client gone, error)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._admitted = 0  # event-loop side: sub-requests accepted and not yet closed
         self._open: set[RequestStream] = set()
@@ -121,12 +141,12 @@ class AsyncEngine:
         """Sub-requests admitted and not closed (what the admission bound counts)."""
         return self._admitted
 
-    async def open(self, ids: list[str], prompts: list[list[int]], params: list[Any]) -> RequestStream:
+    async def open(self, ids: list[str], prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
         """Admit and add sub-requests (all or none); raises Overloaded, EngineDead or the engine's ValueError."""
         if not self.alive:
             raise EngineDead(f"the engine thread has stopped: {self.error!r}")
         if self._admitted + len(ids) > self.max_admitted:
-            self.stats.rejected += 1
+            self.num_rejected += 1
             raise Overloaded(
                 f"the server is overloaded: {self._admitted} requests are in flight and it admits "
                 f"{self.max_admitted} (running + waiting); retry later"
@@ -175,7 +195,7 @@ class AsyncEngine:
             self.error = exc
             self._fail_all(exc)
 
-    def _apply(self, cmd: Any) -> None:
+    def _apply(self, cmd: _Add | _Abort) -> None:
         if isinstance(cmd, _Abort):
             for rid in cmd.ids:
                 self._routes.pop(rid, None)
@@ -203,7 +223,7 @@ class AsyncEngine:
                 self.engine.abort_request(rid)
             self._fail_all(exc)
             return
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Any]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
         for out in outputs:
             route = self._routes.get(out.request_id)
             if route is None:  # aborted meanwhile
@@ -236,7 +256,7 @@ class AsyncEngine:
         self._routes.clear()
 
 
-def _deliver(items: list[tuple[asyncio.Queue, Any]]) -> None:
+def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
     for outq, out in items:
         outq.put_nowait(out)
 

@@ -1,0 +1,118 @@
+"""`ModelRunner`: turns a scheduler step into one varlen forward pass and samples the next tokens.
+
+It owns the K/V tensors (device memory, bound into every `PagedAttention` layer) and follows the pool size
+the scheduler's block manager decides; which block holds what is the scheduler's business. It also owns
+how the model's projections run (keel's kernel, oneDNN prepacking or FP8): a policy applied to the loaded
+model, as gpt-fast applies compilation in its runner, so the model code stays plain `nn.Linear`."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from keel.engine.block_manager import slot_mapping
+from keel.engine.scheduler import SchedulerOutput
+from keel.layers.attention import PAGE_MULTIPLE, AttnMetadata, PagedAttention
+from keel.layers.fp8_linear import quantize_linears
+from keel.layers.linear import can_pack, keel_linears, pack_linears
+from keel.layers.sampler import sample
+from keel.models.llama import LlamaForCausalLM
+
+
+class ModelRunner:
+    """Runs prefill and decode steps for the scheduler's batches over a paged KV cache."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, block_size: int = 16, *, cpu_prepack: bool = False, quantization: str = "none"
+    ) -> None:
+        self.model, self.config = model, model.config
+        weight = model.model.embed_tokens.weight  # lm_head may be swapped below (no .weight then)
+        self.device, self.dtype = weight.device, weight.dtype
+        if quantization == "fp8":  # FP8 weights through the vendored fp8_gemm_nt (keel/layers/fp8_linear.py)
+            quantize_linears(model)
+        # else keel's kernel for every projection (the same tokens on every torch release); oneDNN
+        # prepacking for prompts on request
+        if cpu_prepack and can_pack(weight):
+            pack_linears(model)
+        keel_linears(model)  # whatever is still a plain nn.Linear
+        self.block_size = block_size
+        self.attention = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        self.num_kv_blocks = 0
+
+    def kv_bytes_per_block(self) -> int:
+        cfg = self.config
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * cfg.num_hidden_layers * self.block_size * cfg.kv_size * elem
+
+    def fit_kv_cache(self, num_blocks: int) -> None:
+        """Give every layer's pools [num_blocks, block_size, kv_heads, head_dim]: grown with zeros, keeping
+        every block's contents; a smaller pool means a fresh block manager (nothing cached), so fresh zeros."""
+        if num_blocks == self.num_kv_blocks:
+            return
+        cfg = self.config
+        have = self.num_kv_blocks if num_blocks > self.num_kv_blocks else 0
+        extra = (num_blocks - have, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        for attn in self.attention:
+            if not have:
+                attn.k_cache = attn.v_cache = torch.empty(0)  # free the old pools first
+            pad = torch.zeros(extra, dtype=self.dtype, device=self.device)
+            attn.k_cache = torch.cat([attn.k_cache, pad]) if have else pad
+            attn.v_cache = torch.cat([attn.v_cache, pad]) if have else pad.clone()
+        self.num_kv_blocks = num_blocks
+
+    def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def prepare(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:
+        """Pack every sequence's uncomputed tokens (prefill: the prompt past its cached prefix; decode: the
+        last token) into one varlen batch: input ids, positions, attention metadata."""
+        seqs, bs = batch.seqs, self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu = [0]
+        for seq in seqs:
+            start, end, table = seq.num_computed_tokens, len(seq.token_ids), seq.block_table
+            if start >= end or len(table) * bs < end:
+                raise RuntimeError(
+                    f"ModelRunner: sequence {seq.request_id!r} has {end - start} tokens to compute "
+                    f"and room for {len(table) * bs} in its {len(table)} blocks; expected >= 1 and room for {end}"
+                )
+            ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += slot_mapping(table, bs, start, end)
+            cu.append(cu[-1] + end - start)
+        width = max(len(s.block_table) for s in seqs)
+        lens_k = [len(s.token_ids) for s in seqs]
+        ctx = AttnMetadata(
+            slot_mapping=self._tensor(slots),
+            cu_seqlens_q=self._tensor(cu, torch.int32),
+            seqused_k=self._tensor(lens_k, torch.int32),
+            cu_seqlens_k=self._tensor([0, *itertools.accumulate(lens_k)], torch.int32),
+            block_tables=self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32),
+            max_seqlen_q=max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True)),
+            max_seqlen_k=max(lens_k),
+        )
+        if bs % PAGE_MULTIPLE:
+            ctx.context_slots = self._tensor(
+                [p for s in seqs for p in slot_mapping(s.block_table, bs, 0, len(s.token_ids))]
+            )
+        return self._tensor(ids), self._tensor(positions), ctx
+
+    @torch.inference_mode()
+    def forward(self, batch: SchedulerOutput, all_logits: bool = False) -> torch.Tensor:
+        """Forward each sequence's uncomputed tokens in one pass; logits [B, V] of each sequence's last token
+        ([T, V] of every computed token with `all_logits`)."""
+        self.fit_kv_cache(batch.num_kv_blocks)  # a no-op unless the scheduler's pool changed size
+        input_ids, positions, ctx = self.prepare(batch)
+        hidden = self.model(input_ids, positions, ctx)  # [T, H]
+        if not all_logits:
+            hidden = hidden[(ctx.cu_seqlens_q[1:] - 1).long()]
+        return self.model.compute_logits(hidden)
+
+    def run(self, batch: SchedulerOutput) -> list[int]:
+        """One step: the forward pass, then each sequence's next token."""
+        seqs = batch.seqs
+        logits = self.forward(batch)
+        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs], [s.token_ids for s in seqs])

@@ -1,0 +1,73 @@
+"""`AsyncEngine` drives anything with `LLMEngine`'s request API (the `SyncEngine` protocol) from one thread:
+outputs reach their stream, the admission bound refuses with `Overloaded`, closing an unfinished stream
+aborts it in the engine. A fake engine here: no model, no HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from keel.engine import EngineMetrics, RequestOutput, SamplingParams
+from keel.engine.async_engine import AsyncEngine, Overloaded
+
+
+class CountdownEngine:
+    """Each request produces one token per step, as many as its prompt has tokens, then finishes."""
+
+    def __init__(self) -> None:
+        self.left: dict[str, int] = {}
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+        self.left[request_id] = len(prompt)
+
+    def abort_request(self, request_id: str) -> None:
+        if self.left.pop(request_id, None) is not None:
+            self.aborted.append(request_id)
+
+    def step(self) -> list[RequestOutput]:
+        time.sleep(0.01)
+        outs = []
+        for rid in list(self.left):
+            self.left[rid] -= 1
+            done = self.left[rid] == 0
+            if done:
+                del self.left[rid]
+            outs.append(RequestOutput(rid, None, [], "", [], "", [7], done, "length" if done else None, 0, 0.0, 0.0))
+        return outs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.left)
+
+    def metrics(self) -> EngineMetrics:
+        return EngineMetrics(len(self.left), 0, 0, 1, 0, 0, 0, 0, 0)
+
+
+def test_outputs_admission_and_abort():
+    fake = CountdownEngine()
+    engine = AsyncEngine(fake, max_admitted=2)
+
+    async def scenario() -> None:
+        stream = await engine.open(["a"], [[1, 2, 3]], [SamplingParams()])
+        outs = [out async for out in stream]
+        stream.close()
+        assert [o.finished for o in outs] == [False, False, True] and {o.request_id for o in outs} == {"a"}
+        long = await engine.open(["b", "c"], [[1] * 1000, [1] * 1000], [SamplingParams()] * 2)
+        with pytest.raises(Overloaded, match="2 requests are in flight and it admits 2"):
+            await engine.open(["d"], [[1]], [SamplingParams()])
+        assert engine.num_rejected == 1 and engine.num_open == 2
+        long.close()  # both unfinished: aborted in the engine, the admission slots freed
+        assert engine.num_aborted == 2 and engine.num_open == 0
+        for _ in range(500):
+            if sorted(fake.aborted) == ["b", "c"]:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(fake.aborted) == ["b", "c"] and not fake.has_unfinished_requests()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    assert not engine.alive and engine.error is None
