@@ -194,7 +194,9 @@ class Soak:
 
     async def worker(self, traffic: Traffic, end: float) -> None:
         while time.monotonic() < end:
-            await self.run_one(traffic, traffic.pick())
+            out = await self.run_one(traffic, traffic.pick())
+            if out.outcome == "503":  # told to retry later: back off as a client should, not spin
+                await asyncio.sleep(self.rng.uniform(0.1, 0.5))
 
     async def burster(self, traffic: Traffic, end: float) -> None:
         size = self.args.max_num_seqs + self.args.max_waiting + self.args.burst_extra
@@ -219,7 +221,8 @@ class Soak:
     async def run(self) -> dict[str, Any]:
         a = self.args
         models = json.loads(urllib.request.urlopen(self.url + "/v1/models", timeout=30).read())["data"][0]
-        target = Target(self.url, models["id"], models["max_model_len"], a.max_body_bytes, a.deadline, a.max_new)
+        bound = a.max_num_seqs + a.max_waiting
+        target = Target(self.url, models["id"], models["max_model_len"], a.max_body_bytes, bound, a.deadline, a.max_new)
         target.long_tokens = a.long_tokens or target.max_model_len
         self.t0 = time.monotonic()
         start = await self.sample()  # before this client opened any connection

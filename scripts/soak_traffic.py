@@ -25,6 +25,7 @@ import openai
 ALLOWED = ("completed", "client_aborted", "4xx", "503")
 FAILURES = ("500", "unexpected", "connection_error", "stream_error", "bad_response", "hang")
 WORDS = "the cache holds blocks of tokens while a batch decodes and the server streams each answer back".split()
+MAX_N = 16  # the server's largest n
 UNIT = " paged attention keeps every block."  # the repeated text of long prompts
 
 
@@ -46,6 +47,7 @@ class Target:
     model: str
     max_model_len: int
     max_body_bytes: int
+    max_admitted: int  # --max-num-seqs + --max-waiting: sequences the server admits at once
     deadline_s: float  # a request without an outcome by then is a hang
     max_new: int = 32  # new tokens per ordinary request at most
     long_tokens: int = 0  # the longest prompt of the `long_prompt` kind (capped by the context)
@@ -56,10 +58,16 @@ class Target:
     oai: openai.AsyncOpenAI = field(init=False)
 
     def open(self, connections: int) -> None:
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        # idle connections expire before the server's 5 s keep-alive does, so the client never reuses one
+        # at the moment the server closes it (a race of the client's, not a fault of the server's)
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=2)
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=self.deadline_s, limits=limits)
         self.oai = openai.AsyncOpenAI(
-            base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=self.deadline_s
+            base_url=self.base_url + "/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=self.deadline_s,
+            http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=self.deadline_s),
         )
 
     async def close(self) -> None:
@@ -82,12 +90,13 @@ def sentence(rng: random.Random, n: int = 8) -> str:
 
 
 def status_outcome(status: int, expect: int | None) -> str:
-    """The outcome of an error status: what the request deserved (`expect`), 503, or a failure."""
-    if status == 503:
+    """The outcome of an error status: the 4xx the request deserved (`expect`), or else 503 (overloaded,
+    which any well-formed generation request may hear: `expect` None), or a failure."""
+    if status == expect:
+        return "4xx"
+    if status == 503 and expect is None:
         return "503"
-    if status >= 500:
-        return "500"
-    return "4xx" if status == expect else "unexpected"
+    return "500" if status >= 500 and status != 503 else "unexpected"
 
 
 def check_choices(kind: str, body: dict, n: int) -> str:
@@ -134,6 +143,8 @@ class Traffic:
             "malformed_json": (1, lambda: self.bad_body("malformed_json")),
             "unknown_field": (1, lambda: self.bad_body("unknown_field")),
             "too_long_prompt": (1, lambda: self.bad_body("too_long_prompt")),
+            "wrong_model": (1, lambda: self.bad_body("wrong_model")),
+            "n_over_bound": (1, lambda: self.bad_body("n_over_bound")),
             "oversized_body": (1, lambda: self.bad_body("oversized_body")),
             "oversized_chunked": (1, lambda: self.bad_body("oversized_chunked")),
             "burst": (0, self.burst_one),  # sent by the bursts only
@@ -213,7 +224,7 @@ class Traffic:
 
     async def long(self) -> Outcome:
         """A prompt near the context limit: few of them fit the KV cache together, so they preempt."""
-        max_tokens = self.rng.randint(4, 16)
+        max_tokens = self.rng.randint(8, 32)  # they grow after admission: that is what preempts
         top = min(self.t.long_tokens, self.t.max_model_len - max_tokens - 8)
         prompt = self.t.long_prompt(self.rng, self.rng.randint(int(0.6 * top), top))
         body = self.body(prompt, max_tokens, ignore_eos=True)
@@ -222,7 +233,7 @@ class Traffic:
         return await self.post_json("", body)
 
     async def bad_body(self, kind: str) -> Outcome:
-        """A request the server must refuse with the 4xx it deserves (400 or 413)."""
+        """A request the server must refuse with the 4xx it deserves (400, 404 or 413), in OpenAI's error body."""
         good = self.body(sentence(self.rng), 8)
         expect, headers = 400, {"content-type": "application/json"}
         content: bytes | AsyncIterator[bytes]
@@ -231,8 +242,16 @@ class Traffic:
             content = self.rng.choice([raw[: self.rng.randint(1, len(raw) - 1)], b"[1, 2", b"\xff\xfe", b"null"])
         elif kind == "unknown_field":
             content = json.dumps({**good, f"bogus_{self.rng.randrange(100)}": 1}).encode()
+        elif kind == "wrong_model":
+            content, expect = json.dumps({**good, "model": "not-" + self.t.model}).encode(), 404
+        elif kind == "n_over_bound":  # more sequences than the server ever admits at once: no retry helps
+            n = MAX_N
+            prompts = [sentence(self.rng, 3) for _ in range(self.t.max_admitted // n + 1)]
+            content = json.dumps({**good, "prompt": prompts, "n": n}).encode()
         elif kind == "too_long_prompt":
-            content = json.dumps({**good, "prompt": self.t.long_prompt(self.rng, 2 * self.t.max_model_len)}).encode()
+            over = self.t.max_model_len + self.rng.randint(8, max(8, self.t.max_model_len // 8))
+            content = json.dumps({**good, "prompt": self.t.long_prompt(self.rng, over)}).encode()
+            expect = 413 if len(content) > self.t.max_body_bytes else 400  # the body limit is checked first
         else:
             expect, size = 413, self.t.max_body_bytes + self.rng.randint(1, self.t.max_body_bytes)
             raw = json.dumps({**good, "prompt": "x" * size}).encode()
@@ -243,8 +262,12 @@ class Traffic:
             if expect == 413:  # the server may answer 413 and close while the body is still being sent
                 return Outcome("", "4xx", None, 0.0, detail=f"closed while sending: {type(exc).__name__}")
             raise
-        if resp.status_code == expect and "error" not in resp.json():
-            return Outcome("", "unexpected", resp.status_code, 0.0, detail="an error status without an error body")
+        try:
+            has_error = "error" in resp.json()
+        except ValueError:
+            has_error = False
+        if not has_error:
+            return Outcome("", "unexpected", resp.status_code, 0.0, detail="no error body: " + resp.text[:200])
         return Outcome("", status_outcome(resp.status_code, expect), resp.status_code, 0.0, detail=resp.text[:200])
 
     async def burst_one(self) -> Outcome:
