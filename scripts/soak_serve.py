@@ -5,8 +5,9 @@
 
 The traffic (scripts/soak_traffic.py): chat and completions, streaming or not, n > 1, client aborts
 (mid-stream hang-ups, client timeouts), malformed JSON, unknown fields, prompts over the context,
-oversized bodies (declared and chunked), prompts near the context limit on a KV cache too small to hold
-several of them (preemption), and every --burst-every seconds a burst of --max-num-seqs + --max-waiting
+oversized bodies (declared and chunked), n beyond what the server admits, an unknown model, long
+prompts (up to --long-tokens, or the whole context with 0) on a KV cache too small to hold several of
+them (preemption), and every --burst-every seconds a burst of --max-num-seqs + --max-waiting
 + --burst-extra requests at once (503s expected). Every second: the server's RSS, open fds and threads
 (/proc/<pid>) and /metrics (KV blocks used, running, waiting). Goals (exit 1 if one fails): every request
 ends in an allowed outcome (no 500, no dropped connection, no hang), the KV cache and the running batch
@@ -54,13 +55,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-waiting", type=int, default=16)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-cache-gib", type=float, default=0.18, help="small: long prompts preempt each other")
+    p.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=0.022,
+        help="small, so long prompts preempt each other (default: 64 blocks of 16 tokens of the demo model)",
+    )
     p.add_argument("--max-body-bytes", type=int, default=64 * 1024)
     p.add_argument(
         "--long-tokens",
         type=int,
-        default=None,
-        help="long prompts take 60-100%% of this many tokens (default: the model's context, less the answer)",
+        default=512,
+        help="long prompts take 60-100%% of this many tokens, capped by the context less the answer (0: the "
+        "context); the default keeps the demo model's prefill short on a CPU",
     )
     p.add_argument("--max-new", type=int, default=32, help="new tokens of an ordinary request at most")
     p.add_argument("--burst-every", type=float, default=60.0)
@@ -167,6 +174,7 @@ class Soak:
 
     async def sample(self) -> dict[str, Any]:
         row: dict[str, Any] = {"t": round(time.monotonic() - self.t0, 2), "in_flight": self.in_flight}
+        row["load1"] = os.getloadavg()[0]
         row.update(proc_stats(self.pid))
         try:
             m = await asyncio.to_thread(metrics, self.url)
@@ -251,6 +259,13 @@ class Soak:
                 "idle": idle, "before": before, "after": after}  # fmt: skip
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -288,6 +303,9 @@ def summarize(soak: Soak, state: dict[str, Any], log_text: str) -> dict[str, Any
         "idle_after_s": idle["idle_after_s"],
         "bursts": soak.bursts,
         "server_tracebacks": log_text.count("Traceback"),
+        "load1_median": statistics.median(s["load1"] for s in samples) if samples else None,
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
     }
     goals: dict[str, bool] = {
         "every request ended in an allowed outcome": not any(counts[f] for f in FAILURES),

@@ -23,7 +23,18 @@ def test_short_soak_meets_every_goal(tiny_model, tmp_path):
     gib = KV_BLOCKS * kv_bytes_per_block(tiny_model) / (1 << 30)
     argv = ["--model", str(tiny_model), "--dtype", "float32", "--block-size", str(BLOCK_SIZE)]
     argv += ["--kv-cache-gib", repr(gib), "--max-num-seqs", "4", "--max-waiting", "4", "--concurrency", "6"]
-    argv += ["--duration", "20", "--warmup", "6", "--burst-every", "6", "--max-body-bytes", "4096"]
+    argv += [
+        "--duration",
+        "20",
+        "--warmup",
+        "6",
+        "--burst-every",
+        "6",
+        "--max-body-bytes",
+        "4096",
+        "--long-tokens",
+        "0",
+    ]
     argv += ["--deadline", "60", "--idle-timeout", "30", "--json", str(tmp_path / "soak.json")]
     assert soak_serve.main(argv) in (0, 1)
     result = json.loads((tmp_path / "soak.json").read_text())

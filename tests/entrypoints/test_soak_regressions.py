@@ -1,4 +1,4 @@
-"""Bugs the serving soak (scripts/soak_serve.py) turned up, one regression test each."""
+"""Bugs found while building the serving soak (scripts/soak_serve.py checks each of them too), one test each."""
 
 from __future__ import annotations
 
