@@ -51,6 +51,7 @@ class Target:
     deadline_s: float  # a request without an outcome by then is a hang
     max_new: int = 32  # new tokens per ordinary request at most
     long_tokens: int = 0  # the longest prompt of the `long_prompt` kind (capped by the context)
+    kv_tokens: int = 1 << 30  # tokens the whole KV cache holds: a longer request would be refused
     chat_max_new: int = 32  # new tokens of a chat request at most (calibrated to fit the context)
     unit_tokens: float = 0.0  # tokens per UNIT (calibrated)
     base_tokens: int = 0  # tokens of a long prompt's tag (calibrated)
@@ -158,8 +159,8 @@ class Traffic:
         t0 = time.perf_counter()
         try:
             out = await asyncio.wait_for(self.kinds[kind][1](), self.t.deadline_s + 5)
-        except TimeoutError:
-            out = Outcome(kind, "hang", None, 0.0, detail=f"no outcome within {self.t.deadline_s + 5:.0f} s")
+        except (TimeoutError, httpx.TimeoutException, openai.APITimeoutError) as exc:  # the client's deadline
+            out = Outcome(kind, "hang", None, 0.0, detail=f"no outcome within the deadline: {type(exc).__name__}")
         except (httpx.TransportError, openai.APIConnectionError) as exc:
             out = Outcome(kind, "connection_error", None, 0.0, detail=f"{type(exc).__name__}: {exc}"[:200])
         out.kind, out.latency_s = kind, time.perf_counter() - t0
@@ -208,6 +209,8 @@ class Traffic:
             return Outcome("", "completed" if finish else "bad_response", 200, 0.0, ttft)
         except openai.APIStatusError as exc:
             return Outcome("", status_outcome(exc.status_code, None), exc.status_code, 0.0, detail=str(exc)[:200])
+        except openai.APIConnectionError:  # timeouts included: one() tells them apart
+            raise
         except openai.APIError as exc:  # an error event inside the stream
             return Outcome("", "stream_error", 200, 0.0, detail=str(exc)[:200])
 
@@ -225,7 +228,7 @@ class Traffic:
     async def long(self) -> Outcome:
         """A prompt near the context limit: few of them fit the KV cache together, so they preempt."""
         max_tokens = self.rng.randint(8, 32)  # they grow after admission: that is what preempts
-        top = min(self.t.long_tokens, self.t.max_model_len - max_tokens - 8)
+        top = min(self.t.long_tokens, self.t.max_model_len, self.t.kv_tokens - 16) - max_tokens - 8
         prompt = self.t.long_prompt(self.rng, self.rng.randint(int(0.6 * top), top))
         body = self.body(prompt, max_tokens, ignore_eos=True)
         if self.rng.random() < 0.5:
