@@ -186,10 +186,22 @@ class Traffic:
             return Outcome(kind, outcome, 200, 0.0, ttft, detail)
 
     async def completion(self, stream: bool, n: int = 1) -> Outcome:
-        body = self.body(sentence(self.rng), self.rng.randint(1, self.t.max_new), n=n, seed=self.rng.randrange(1000))
+        """Text, token-id or several prompts (n choices each), sometimes with a stop string or a usage chunk."""
+        r = self.rng.random()
+        prompt: Any = sentence(self.rng)
+        if r < 0.2:
+            prompt = [self.rng.randrange(3, 256) for _ in range(self.rng.randint(1, 12))]  # byte-level ids: any vocab
+        elif r < 0.35:
+            prompt = [sentence(self.rng, 4) for _ in range(2)]
+        choices = n * (len(prompt) if isinstance(prompt[0], str) and isinstance(prompt, list) else 1)
+        body = self.body(prompt, self.rng.randint(1, self.t.max_new), n=n, seed=self.rng.randrange(1000))
+        if self.rng.random() < 0.3:
+            body["stop"] = [self.rng.choice(WORDS)]
+        if stream and self.rng.random() < 0.5:
+            body["stream_options"] = {"include_usage": True}
         if stream:
-            return await self.post_stream("", body, n)
-        return await self.post_json("", body, n)
+            return await self.post_stream("", body, choices)
+        return await self.post_json("", body, choices)
 
     async def chat(self, stream: bool) -> Outcome:
         messages = chat_messages(sentence(self.rng, 6))
