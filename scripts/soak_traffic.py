@@ -300,17 +300,19 @@ async def chunks(raw: bytes, size: int) -> AsyncIterator[bytes]:
 
 
 async def calibrate(t: Target) -> None:
-    """Tokens per UNIT and per tag, from the server's own usage counts, so long prompts land near the limit."""
+    """From the server's own usage counts: the room a chat leaves in the context, and tokens per UNIT and per
+    tag, so long prompts land near the length they aim at."""
 
     async def tokens(text: str) -> int:
         r = await t.http.post("/v1/completions", json={"model": t.model, "prompt": text, "max_tokens": 1})
         r.raise_for_status()
         return int(r.json()["usage"]["prompt_tokens"])
 
-    chat = await t.http.post("/v1/chat/completions", json={"model": t.model, "messages": chat_messages(
-        " ".join(["server"] * 6)), "max_tokens": 1})  # fmt: skip
+    longest = " ".join(sorted(WORDS, key=len)[-6:])  # a chat's 6 random words: about as many tokens or fewer
+    body = {"model": t.model, "messages": chat_messages(longest), "max_tokens": 1}
+    chat = await t.http.post("/v1/chat/completions", json=body)
     chat.raise_for_status()
-    room = t.max_model_len - int(chat.json()["usage"]["prompt_tokens"]) - 16  # 6 other words may take more tokens
+    room = t.max_model_len - int(chat.json()["usage"]["prompt_tokens"]) - 16  # 16 tokens to spare
     if room < 1:
         raise RuntimeError(f"soak: a chat prompt leaves no room in the model's {t.max_model_len}-token context")
     t.chat_max_new = min(t.max_new, room)
