@@ -20,7 +20,8 @@ def cpu_model() -> str:
     return "unknown"
 
 
-def pct(values: list[float], q: float) -> float | None:
+def pct(values: list[float], q: int) -> float | None:
+    """The q-th percentile (inclusive method), or None without values."""
     if not values:
         return None
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]

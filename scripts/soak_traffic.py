@@ -100,7 +100,7 @@ def status_outcome(status: int, expect: int | None) -> str:
     return "500" if status >= 500 and status != 503 else "unexpected"
 
 
-def check_choices(kind: str, body: dict, n: int) -> str:
+def check_choices(body: dict, n: int) -> str:
     """`completed` when the body has choices 0..n-1, each with a finish reason."""
     done = {c.get("index") for c in body.get("choices", []) if c.get("finish_reason") in ("stop", "length")}
     return "completed" if done == set(range(n)) else "bad_response"
@@ -173,7 +173,7 @@ class Traffic:
         resp = await self.t.http.post("/v1/completions", json=body, timeout=timeout or self.t.deadline_s)
         if resp.status_code != 200:
             return Outcome(kind, status_outcome(resp.status_code, None), resp.status_code, 0.0, detail=resp.text[:200])
-        return Outcome(kind, check_choices(kind, resp.json(), n), 200, 0.0)
+        return Outcome(kind, check_choices(resp.json(), n), 200, 0.0)
 
     async def post_stream(self, kind: str, body: dict, n: int = 1, abort_after: int | None = None) -> Outcome:
         async with self.t.http.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
@@ -193,7 +193,8 @@ class Traffic:
             prompt = [self.rng.randrange(3, 256) for _ in range(self.rng.randint(1, 12))]  # byte-level ids: any vocab
         elif r < 0.35:
             prompt = [sentence(self.rng, 4) for _ in range(2)]
-        choices = n * (len(prompt) if isinstance(prompt[0], str) and isinstance(prompt, list) else 1)
+        several = isinstance(prompt, list) and isinstance(prompt[0], str)
+        choices = n * (len(prompt) if several else 1)
         body = self.body(prompt, self.rng.randint(1, self.t.max_new), n=n, seed=self.rng.randrange(1000))
         if self.rng.random() < 0.3:
             body["stop"] = [self.rng.choice(WORDS)]
@@ -238,7 +239,8 @@ class Traffic:
             return Outcome("", "client_aborted", None, 0.0, detail="client timeout")
 
     async def long(self) -> Outcome:
-        """A prompt near the context limit: few of them fit the KV cache together, so they preempt."""
+        """A long prompt (up to --long-tokens, the context or the KV cache): few fit the cache together, so they
+        preempt each other as they grow."""
         max_tokens = self.rng.randint(8, 32)  # they grow after admission: that is what preempts
         top = min(self.t.long_tokens, self.t.max_model_len, self.t.kv_tokens - 16) - max_tokens - 8
         prompt = self.t.long_prompt(self.rng, self.rng.randint(int(0.6 * top), top))
