@@ -110,7 +110,10 @@ def llama_shape(gguf: GGUFFile) -> LlamaShape:
         )
     rope_dims = gguf.get_int("llama.rope.dimension_count", 1, MAX_HEAD_DIM, default=head_dim)
     if rope_dims != head_dim:
-        raise GGUFError(f"{p}: llama.rope.dimension_count is {rope_dims}, expected the head dim {head_dim}")
+        raise GGUFError(
+            f"{p}: llama.rope.dimension_count is {rope_dims}, expected the head dim {head_dim} "
+            "(llama.attention.key_length, or llama.embedding_length / llama.attention.head_count)"
+        )
     tokens = gguf.get_list("tokenizer.ggml.tokens", str, default=[])
     vocab = gguf.get_int("llama.vocab_size", 1, MAX_VOCAB, default=len(tokens) or None)
     if vocab is None:
@@ -173,7 +176,10 @@ def convert_state_dict(gguf: GGUFFile, dtype: torch.dtype = torch.bfloat16) -> d
         target = hf_name(name, gguf.path)
         want = (shape.vocab_size, shape.hidden_size) if target == "lm_head.weight" else expected.get(target)
         if want is None:
-            raise GGUFError(f"{gguf.path}: tensor {name!r} ({target!r}) is not in a {shape.num_layers}-layer model")
+            raise GGUFError(
+                f"{gguf.path}: tensor {name!r} ({target!r}) is not in a {shape.num_layers}-layer model "
+                "(llama.block_count)"
+            )
         if info.shape != want:
             raise GGUFError(
                 f"{gguf.path}: tensor {name!r} has shape {info.shape}, expected {want} from the metadata "
@@ -193,7 +199,10 @@ def convert_state_dict(gguf: GGUFFile, dtype: torch.dtype = torch.bfloat16) -> d
         state[target] = w.to(dtype).contiguous()
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise GGUFError(f"{gguf.path}: {len(missing)} tensors are missing, e.g. {missing[:3]}")
+        raise GGUFError(
+            f"{gguf.path}: {len(missing)} tensors that the metadata implies are missing "
+            f"(llama.block_count={shape.num_layers}), e.g. {missing[:3]}"
+        )
     return state
 
 

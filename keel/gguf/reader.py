@@ -308,7 +308,10 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
         if name in tensors:
             raise GGUFError(f"{path}: tensor {name!r} appears twice")
         if rel % alignment:
-            raise GGUFError(f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}")
+            raise GGUFError(
+                f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment} "
+                "(general.alignment, default 32)"
+            )
         try:
             nbytes = tensor_nbytes(ggml_type, dims)
         except ValueError as exc:

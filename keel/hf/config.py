@@ -31,6 +31,9 @@ MAX_HEAD_DIM = 1 << 11
 # keel builds a [max_position_embeddings, head_dim] rotary table at load: 2M positions x 128 x 4 bytes = 1 GiB
 MAX_POSITIONS = 1 << 21
 MAX_THETA = 1e12
+# the architectures whose config.json this module parses (the Llama family); keel/models registers a class
+# for each (tests/engine/test_hf_loading.py checks the two lists agree)
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 class ConfigError(CheckpointError):
@@ -180,13 +183,17 @@ class ModelConfig:
 
 
 def architecture(raw: dict[str, Any]) -> str:
-    """`architectures[0]`, checked: a non-empty list of strings."""
+    """`architectures[0]`, checked: a non-empty list of strings whose first keel supports."""
     archs = raw.get("architectures")
     if not archs:
         raise ConfigError(f"{FILE}: 'architectures' is missing; expected e.g. ['LlamaForCausalLM']")
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ConfigError(
             f"{FILE}: architectures must be a list of strings such as ['LlamaForCausalLM'], got {archs!r}"
+        )
+    if archs[0] not in ARCHITECTURES:
+        raise ConfigError(
+            f"{FILE}: architectures[0] {archs[0]!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
         )
     return archs[0]
 

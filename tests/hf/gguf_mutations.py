@@ -65,6 +65,7 @@ def gguf_mutations(path: Path) -> list[Mutation]:
         for name, (vtype, value) in RETYPE.items():
             out.append(_g(f"{key}={name}", f, (key,), "kv", key=key, vtype=vtype, value=value))
     kv_tok = layout.kv("tokenizer.ggml.tokens")
+    n_blocks = 1 + max(int(t.name.split(".")[1]) for t in layout.tensors if str(t.name).startswith("blk."))
     n_tok = kv_tok.count or 0
     out += [
         _g("tokens=short", f, ("tokenizer.ggml.tokens", "token_type"), "kv_array", key=kv_tok.key, keep=100),
@@ -73,8 +74,15 @@ def gguf_mutations(path: Path) -> list[Mutation]:
         _g(
             "tokens=u32", f, ("tokenizer.ggml.tokens",), "kv", key=kv_tok.key, vtype=gl.ARR, value=(gl.U32, [0] * n_tok)
         ),
-        _g("tokens=duplicate", f, ("tokenizer.ggml.tokens",), "kv_token", index=500, token="a"),
-        _g("tokens=latin1", f, ("tokenizer.ggml.tokens", "UTF-8"), "kv_token", index=500, token_hex="e9"),
+        _g("tokens=duplicate", f, ("tokenizer.ggml.tokens",), "kv_token", index=min(500, n_tok - 2), token="a"),
+        _g(
+            "tokens=latin1",
+            f,
+            ("tokenizer.ggml.tokens", "UTF-8"),
+            "kv_token",
+            index=min(500, n_tok - 2),
+            token_hex="e9",
+        ),
         _g("merges=one-part", f, ("tokenizer.ggml.merges",), "kv_merge", index=3, merge="abc"),
         _g(
             "merges=count+1",
@@ -143,10 +151,8 @@ def gguf_mutations(path: Path) -> list[Mutation]:
             vtype=gl.U32,
             value=2,
         ),
-        _g("block_count=29", f, ("llama.block_count", "blk.29"), "kv", key="llama.block_count", vtype=gl.U32, value=29),
-        _g(
-            "block_count=31", f, ("llama.block_count", "missing"), "kv", key="llama.block_count", vtype=gl.U32, value=31
-        ),
+        _g("block_count-1", f, ("llama.block_count",), "kv", key="llama.block_count", vtype=gl.U32, value=n_blocks - 1),
+        _g("block_count+1", f, ("llama.block_count",), "kv", key="llama.block_count", vtype=gl.U32, value=n_blocks + 1),
         _g(
             "embedding_length=512",
             f,
@@ -210,16 +216,8 @@ def gguf_mutations(path: Path) -> list[Mutation]:
         for name, delta in (("+1", 1), ("+32", 32), ("2^62", 2**62)):
             out.append(_g(f"{t}.offset{name}", f, (t,), "tensor", tensor=t, field="offset", delta=delta))
         out.append(_g(f"{t}.offset=0", f, (t,), "tensor", tensor=t, field="offset", value=0))
-        out.append(
-            _g(
-                f"{t}.removed",
-                f,
-                (t.replace("output_norm", "model.norm"), "missing", t),
-                "tensor",
-                tensor=t,
-                remove=True,
-            )
-        )
+        # a removed tensor info leaves its bytes unclaimed: the next tensor's offset no longer fits
+        out.append(_g(f"{t}.removed", f, (t, "missing", "packs tensors"), "tensor", tensor=t, remove=True))
         out.append(_g(f"{t}.renamed", f, ("foo.weight",), "tensor", tensor=t, field="name", value="foo.weight"))
         out.append(_g(f"{t}.name=latin1", f, ("tensor", "UTF-8"), "tensor", tensor=t, field="name_hex", value="e9"))
     out.append(_g("duplicate-name", f, (names[2],), "tensor", tensor=names[1], field="name", value=names[2]))

@@ -157,7 +157,7 @@ def _text_mutations(file: str, fields: tuple[str, ...], delete_fields: tuple[str
 def tokenizer_mutations(tok: dict[str, Any], vocab_size: int) -> list[Mutation]:
     f = "tokenizer.json"
     vocab = tok["model"]["vocab"]
-    some = sorted(vocab)[1000]
+    some = sorted(vocab)[min(1000, len(vocab) // 2)]
     out = [
         _json_set(f, ["model"], DELETE, ("model",), "delete"),
         _json_set(f, ["model", "type"], "Foo", ("model",), "Foo"),
