@@ -323,11 +323,11 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
                 f"{len(buf)} bytes (truncated download?)"
             )
         tensors[name] = TensorInfo(name, dims, ggml_type, start, nbytes)
-    _check_packing(path, tensors, data_offset, alignment)
+    _check_packing(path, tensors, data_offset, alignment, len(buf))
     return GGUFFile(path, version, metadata, tensors, alignment, data_offset, buf)
 
 
-def _check_packing(path: Path, tensors: dict[str, TensorInfo], data_offset: int, alignment: int) -> None:
+def _check_packing(path: Path, tensors: dict[str, TensorInfo], data_offset: int, alignment: int, size: int) -> None:
     """Tensor data is packed in tensor-info order, each padded to the alignment (llama.cpp's gguf reader
     requires exactly this), so a wrong type, dims or offset in any tensor info shows up here."""
     pos, prev = data_offset, ""
@@ -339,6 +339,12 @@ def _check_packing(path: Path, tensors: dict[str, TensorInfo], data_offset: int,
                 "order, so its offset, or the type or dims of a tensor before it, is corrupt"
             )
         pos, prev = t.offset + -(-t.nbytes // alignment) * alignment, t.name
+    if prev and size > pos:  # writers end the file at the last tensor's (padded) end: more means a wrong size
+        last = tensors[prev]
+        raise GGUFError(
+            f"{path}: {size - last.offset - last.nbytes} bytes follow the last tensor {prev!r} "
+            f"({last.ggml_type.name}, dims {last.dims}); its type or dims are corrupt, or bytes were appended"
+        )
 
 
 def _count_limit(cur: _Cursor) -> int:

@@ -53,6 +53,11 @@ def test_tensor_infos_must_pack_in_order(tmp_path):
     model.spec.tensors[1] = (name, 1, dims, data)
     with pytest.raises(GGUFError, match=f"m.gguf: tensor '{model.spec.tensors[2][0]}' has its data at byte .*packs"):
         read_gguf(write_gguf(tmp_path / "m.gguf", model.spec))
+    model = tiny_llama()
+    name, ttype, dims, data = model.spec.tensors[-1]  # the last tensor: nothing after it to collide with
+    model.spec.tensors[-1] = (name, 1, dims, data)
+    with pytest.raises(GGUFError, match=f"m.gguf: 128 bytes follow the last tensor '{name}' .*type or dims are"):
+        read_gguf(write_gguf(tmp_path / "m.gguf", model.spec))
 
 
 def test_a_lying_count_is_reported_after_the_entry_that_lied(tmp_path):
