@@ -73,6 +73,22 @@ def assert_greedy_parity(
     return result
 
 
+def reference_greedy(model: Any, ids: Sequence[int], steps: int) -> tuple[list[int], list[float]]:
+    """A transformers-style model's greedy tokens by full recomputation (no cache, no eos) and its top-2
+    margin at each step."""
+    import torch
+
+    x = torch.tensor([list(ids)])
+    tokens, margins = [], []
+    with torch.no_grad():
+        for _ in range(steps):
+            last = model(x).logits[0, -1:]
+            tokens.append(int(last.argmax()))
+            margins += top2_margins(last)
+            x = torch.cat([x, torch.tensor([[tokens[-1]]])], dim=1)
+    return tokens, margins
+
+
 def top2_margins(logits: Any) -> list[float]:
     """Best minus second-best logit of each row of `logits` [N, V] (computed in float32)."""
     top = logits.float().topk(2, dim=-1).values
