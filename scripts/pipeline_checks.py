@@ -101,13 +101,11 @@ def compare_to_reference(row: Row, result: dict, reference: dict | None) -> None
     parity = compare_greedy(row.token_ids, reference["token_ids"], reference["margins"], TIE)
     row.tokens_same = parity.ok
     equal = parity.length if parity.first_diff is None else parity.first_diff
-    tie = (
-        f"A has no margin below {TIE}"
-        if parity.near_tie is None
-        else f"A's first margin < {TIE} at token {parity.near_tie}: {parity.near_tie_margin:.3g}"
-    )
-    verdict = "yes" if parity.ok else "NO"
-    row.tokens = f"{verdict}: {equal}/{len(reference['token_ids'])} equal, {parity.compared} must be ({tie})"
+    if parity.near_tie is None:
+        must = f"all (A has no margin below {TIE})"
+    else:
+        must = f"those before A's first margin < {TIE}: token {parity.near_tie} ({parity.near_tie_margin:.3g})"
+    row.tokens = f"{'yes' if parity.ok else 'NO'}: {equal}/{len(reference['token_ids'])} equal; must be equal: {must}"
 
 
 def table(rows: list[Row], verdict: str, floor: str) -> str:

@@ -132,7 +132,8 @@ def test_rows_hold_logits_and_tokens_to_torch_a():
         rows[name] = row
     assert (
         rows["equal"].ok
-        and "yes: 4/4 equal, 2 must be (A's first margin < 0.5 at token 2: 0.125)" in rows["equal"].tokens
+        and "yes: 4/4 equal; must be equal: those before A's first margin < 0.5: token 2 (0.125)"
+        in rows["equal"].tokens
     )
     assert rows["after the tie"].ok and "yes: 2/4 equal" in rows["after the tie"].tokens
     assert not rows["before the tie"].ok and "NO: 1/4 equal" in rows["before the tie"].tokens
