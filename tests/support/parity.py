@@ -42,11 +42,10 @@ class GreedyParity:
             tie = f"reference's first near-tie at token {self.near_tie} (margin {self.near_tie_margin:.4g} < {self.threshold:g})"
         if not self.ok:
             return f"DIFFER at token {self.first_diff}, before the first near-tie: {tie}"
+        rest = f"equal over all {self.length}" if self.first_diff is None else f"they part from token {self.first_diff}"
         if self.compared == 0:
-            return f"compared 0 tokens: {tie}; only the logits are checked"
-        if self.first_diff is None:
-            return f"equal over all {self.length} tokens ({self.compared} compared); {tie}"
-        return f"equal over the {self.compared} compared tokens; {tie}; they part from token {self.first_diff}"
+            return f"compared 0 tokens: {tie}; only the logits are checked ({rest})"
+        return f"{self.compared} of {self.length} tokens compared, equal; {tie}; {rest}"
 
 
 def compare_greedy(
