@@ -131,7 +131,10 @@ step install 60 "$PY" scripts/device_check.py install "$PREFIX" "$WHEEL" || fini
 export PYTHONPATH="$PREFIX:$DEPS" PYTHONSAFEPATH=1
 NEED_CUDA=""
 [ "$MODE" = gpu ] && NEED_CUDA=--need-cuda
-step import 60 "$PY" "$ROOT/scripts/device_check.py" import "$PREFIX" "$OUT/import.json" $NEED_CUDA || finish
+# run as `python -c` from the repository root, exactly as pytest is run below (-c and -m put the cwd first
+# on sys.path unless PYTHONSAFEPATH is set): the check sees the sys.path the tests will see
+RUN_PY="import runpy, sys; sys.argv[0] = 'device_check.py'; runpy.run_path('$ROOT/scripts/device_check.py', run_name='__main__')"
+step import 60 "$PY" -c "$RUN_PY" import "$PREFIX" "$OUT/import.json" $NEED_CUDA || finish
 
 TESTS=(tests/ops tests/vendored/deep_gemm/test_cuda.py tests/vendored/flash_attn/test_cuda.py
   tests/engine/test_cuda_engine.py tests/entrypoints/test_cuda_serve.py)

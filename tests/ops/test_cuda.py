@@ -126,7 +126,7 @@ def test_rotary_embedding(dtype, is_neox, cache_fp32, case):
     positions = torch.randint(0, 40, pos_shape, generator=g)
     qkv = torch.randn(*pos_shape, (heads + 2 * kv) * hs, generator=g).to(dtype)  # q, k: views of one qkv
     cache = rope_cache(40, rot, torch.float32 if cache_fp32 else dtype)
-    qkv_cuda = qkv.cuda()
+    qkv_cuda = qkv.to("cuda", copy=True)
     q, k = qkv_cuda[..., : heads * hs], qkv_cuda[..., heads * hs : (heads + kv) * hs]
     ops.rotary_embedding(positions.cuda(), q, k, hs, cache.cuda(), is_neox)
     q_cpu, k_cpu = qkv[..., : heads * hs].clone(), qkv[..., heads * hs : (heads + kv) * hs].clone()
