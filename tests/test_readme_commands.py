@@ -45,6 +45,7 @@ TINY = {
     r"scripts/bench_generate\.py": (["--tiny"], {}),
     r"scripts/bench_ops\.py": (["--quick"], {}),
     r"scripts/bench_audit\.py": (["--size-mb", "8", "--files", "4"], {}),
+    r"scripts/fuzz_loaders\.py": (["--only", "config.json:vocab_size="], {}),  # the full run: 870 loads, ~30 min
     r"scripts/soak_serve\.py": (
         ["--duration", "12", "--warmup", "4", "--burst-every", "4", "--kv-cache-gib", "0.011"],
         {},

@@ -13,8 +13,9 @@ import time
 import urllib.request
 
 import pytest
+import serve_helpers  # noqa: F401  (puts tests/engine on sys.path)
 import torch
-from support.random_checkpoint import write_random_llama
+from random_checkpoint import write_random_llama
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
