@@ -1,7 +1,8 @@
 """keel: a small LLM inference engine whose compiled code uses only torch's stable ABI.
 
 Importing keel loads its native ops (`torch.ops.keel.*`); `keel.LLM`, `keel.LLMEngine`,
-`keel.SamplingParams` and `keel.RequestOutput` come from the engine, imported on first use.
+`keel.SamplingParams`, `keel.StructuredOutputsParams` and `keel.RequestOutput` come from the engine,
+imported on first use.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ _native.load()
 from keel import ops  # noqa: E402  (registers fake impls and autograd after the libraries load)
 
 if TYPE_CHECKING:
-    from keel.engine import LLM, LLMEngine, RequestOutput, SamplingParams
+    from keel.engine import LLM, LLMEngine, RequestOutput, SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams", "ops", "__version__"]
-_ENGINE_NAMES = frozenset(__all__[:4])
+__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams", "StructuredOutputsParams", "ops", "__version__"]
+_ENGINE_NAMES = frozenset(__all__[:5])
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from keel.engine.llm import LLM
 from keel.engine.llm_engine import LLMEngine
-from keel.engine.output import EngineMetrics, GenerateStats, RequestOutput
-from keel.engine.sampling_params import SamplingParams
+from keel.engine.output import CompletionOutput, EngineMetrics, GenerateStats, Logprob, RequestOutput
+from keel.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "EngineMetrics", "GenerateStats", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineMetrics",
+    "GenerateStats",
+    "LLMEngine",
+    "Logprob",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
+]

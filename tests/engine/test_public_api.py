@@ -10,7 +10,7 @@ import keel.engine
 
 
 def test_top_level_names_are_the_engines():
-    for name in ("LLM", "LLMEngine", "SamplingParams", "RequestOutput"):
+    for name in ("LLM", "LLMEngine", "SamplingParams", "StructuredOutputsParams", "RequestOutput"):
         assert getattr(keel, name) is getattr(keel.engine, name), name
     assert {"EngineMetrics", "GenerateStats"} <= set(keel.engine.__all__)
 
