@@ -1,4 +1,5 @@
-"""What the engine reports: `RequestOutput` per request and step, `EngineMetrics`, `GenerateStats`."""
+"""What the engine reports: `RequestOutput` per request and step (with `Logprob`s and, from `LLM.generate`,
+its `CompletionOutput`s), `EngineMetrics`, `GenerateStats`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,31 @@ import time
 from dataclasses import dataclass
 
 from keel.engine.sequence import Sequence
+
+
+@dataclass(slots=True, frozen=True)
+class Logprob:
+    """One token's log-probability: log_softmax of the model's raw logits (before temperature, penalties
+    and masks), float32; `rank` 1 is the most likely token; `decoded_token` is that token alone, decoded."""
+
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+TokenLogprobs = dict[int, Logprob]  # the sampled (or prompt) token plus the top k, by token id
+
+
+@dataclass(slots=True, frozen=True)
+class CompletionOutput:
+    """One of a prompt's n completions (`LLM.generate` with n > 1 or best_of; vLLM's shape)."""
+
+    index: int  # 0 .. n-1, best first when best_of ranked them
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None  # sum of the sampled tokens' logprobs (None: not computed)
+    logprobs: list[TokenLogprobs] | None
+    finish_reason: str | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,6 +50,11 @@ class RequestOutput:
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     ttft_s: float  # time to first token, from add_request
     total_s: float  # from add_request to this output
+    logprobs: list[TokenLogprobs] | None = None  # SamplingParams.logprobs: one dict per output token so far
+    new_logprobs: list[TokenLogprobs] | None = None  # parallel to new_token_ids: this step's
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # complete from the first output; [0] is None
+    cumulative_logprob: float | None = None  # sum of the sampled tokens' logprobs (when logprobs are computed)
+    outputs: list[CompletionOutput] | None = None  # LLM.generate: the n completions (this one is outputs[0])
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,6 +85,10 @@ class GenerateStats:
 def request_output(seq: Sequence, new_token_ids: list[int], delta: str) -> RequestOutput:
     """The output of `seq` after a step that added `new_token_ids` and released `delta`."""
     end = seq.end_s if seq.finish is not None else time.perf_counter()
+    logprobs = seq.logprobs
+    if logprobs is not None:
+        logprobs = list(logprobs)  # a snapshot: the sequence's list grows after this step
+    new_logprobs = logprobs[len(logprobs) - len(new_token_ids) :] if logprobs is not None else None
     return RequestOutput(
         request_id=seq.request_id,
         prompt=seq.prompt,
@@ -67,4 +102,8 @@ def request_output(seq: Sequence, new_token_ids: list[int], delta: str) -> Reque
         num_cached_tokens=max(seq.num_cached_tokens, 0),
         ttft_s=(seq.first_token_s - seq.start_s) if seq.first_token_s else 0.0,
         total_s=end - seq.start_s,
+        logprobs=logprobs,
+        new_logprobs=new_logprobs,
+        prompt_logprobs=seq.prompt_logprobs,
+        cumulative_logprob=seq.cumulative_logprob if seq.tracks_logprob else None,
     )

@@ -1,39 +1,168 @@
-"""`SamplingParams`: how one request samples and when it stops."""
+"""`SamplingParams`: how one request samples and when it stops (field names follow vLLM's), and
+`StructuredOutputsParams`: the grammar a request's output must follow."""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
+from typing import Any
+
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """Exactly one constraint: a JSON schema (`json`, str or dict), any JSON object (`json_object`), a
+    regular expression the whole output matches (`regex`), one of `choice`, or a Lark grammar (`grammar`)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        given = [name for name in self.kinds() if self._value(name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                f"StructuredOutputsParams: exactly one of json, regex, choice, grammar, json_object must be set, "
+                f"got {given or 'none'}"
+            )
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError("StructuredOutputsParams: choice must be a non-empty list of non-empty strings")
+
+    @staticmethod
+    def kinds() -> tuple[str, ...]:
+        return ("json", "regex", "choice", "grammar", "json_object")
+
+    def _value(self, name: str) -> Any:
+        return getattr(self, name)
+
+    @property
+    def kind(self) -> str:
+        """The field that is set."""
+        return next(n for n in self.kinds() if self._value(n) not in (None, False))
+
+    def key(self) -> tuple[str, str]:
+        """A hashable spec (the compiled-grammar cache key)."""
+        value = self._value(self.kind)
+        if isinstance(value, dict | list):
+            value = json.dumps(value, sort_keys=True)
+        return self.kind, str(value)
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    """Sampling and stopping controls; temperature 0 means greedy (keel's default, deterministic)."""
+    """Sampling and stopping controls; temperature 0 means greedy (keel's default, deterministic). Every
+    extra control defaults to off; a request that uses none of them samples exactly as before."""
 
-    max_tokens: int = 64
+    max_tokens: int = 64  # 0 only for scoring requests (prompt_logprobs set): prefill, no output token
     temperature: float = 0.0
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0: off; else drop tokens with probability < min_p * the top token's
     repetition_penalty: float = 1.0  # 1.0: off; >1 discourages tokens already in prompt or output
+    presence_penalty: float = 0.0  # OpenAI: logits -= presence_penalty * (count > 0) over output tokens
+    frequency_penalty: float = 0.0  # OpenAI: logits -= frequency_penalty * count over output tokens
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (clipped to [-100, 100])
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # words never generated (their token sequences are blocked)
     seed: int | None = None  # per-request generator; None: torch's global RNG
     stop: list[str] = field(default_factory=list)  # stop strings, excluded from the returned text
+    stop_token_ids: list[int] | None = None  # tokens that end the request like eos
+    include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) in the text
     ignore_eos: bool = False  # for benchmarks: always produce max_tokens
+    min_tokens: int = 0  # eos and stop_token_ids are masked (and stop strings unchecked) before this many
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob plus the top k (k <= 20)
+    prompt_logprobs: int | None = None  # the same for every prompt token (the first has none)
+    skip_special_tokens: bool = True  # leave special tokens out of the text
+    spaces_between_special_tokens: bool = True  # accepted for vLLM parity; tokenizer.json decoders ignore it
+    structured_outputs: StructuredOutputsParams | None = None
+    n: int = 1  # completions returned per prompt (LLM.generate)
+    best_of: int | None = None  # candidates sampled per prompt (None: n); the n of highest cumulative logprob
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if self.max_tokens < 1:
-            raise ValueError(f"SamplingParams: max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams: temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams: top_k must be >= 0 (0 = off), got {self.top_k}")
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        _check_int("max_tokens", self.max_tokens, 0)
+        if self.max_tokens == 0 and self.prompt_logprobs is None:
+            raise ValueError(
+                "SamplingParams: max_tokens must be >= 1, got 0 (0 is allowed only for scoring requests, "
+                "with prompt_logprobs set)"
+            )
+        if not self.temperature >= 0 or math.isinf(self.temperature):
+            raise ValueError(f"SamplingParams: temperature must be >= 0 and finite, got {self.temperature}")
+        _check_int("top_k", self.top_k, 0, "(0 = off)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams: top_p must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"SamplingParams: min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0 or math.isinf(self.repetition_penalty):
             raise ValueError(f"SamplingParams: repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"SamplingParams: {name} must be in [-2, 2], got {value}")
         if any(not s for s in self.stop):
             raise ValueError("SamplingParams: stop strings must be non-empty")
+        if self.logit_bias is not None:
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise ValueError(
+                    f"SamplingParams: logit_bias must map token ids to numbers, got {self.logit_bias!r}"
+                ) from exc
+            if any(k < 0 for k in self.logit_bias) or any(math.isnan(v) for v in self.logit_bias.values()):
+                raise ValueError("SamplingParams: logit_bias keys must be token ids >= 0 and values numbers")
+        for name in ("allowed_token_ids", "stop_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None:
+                if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                    raise ValueError(f"SamplingParams: {name} must be a list of token ids >= 0, got {ids!r}")
+                setattr(self, name, list(ids))
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("SamplingParams: allowed_token_ids must not be empty (None: every token)")
+        if self.bad_words is not None and not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+            raise ValueError(f"SamplingParams: bad_words must be non-empty strings, got {self.bad_words!r}")
+        _check_int("min_tokens", self.min_tokens, 0)
+        if self.max_tokens and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"SamplingParams: min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None:
+                _check_int(name, k, 0, f"and <= {MAX_LOGPROBS} (None = off)")
+                if k > MAX_LOGPROBS:
+                    raise ValueError(f"SamplingParams: {name} must be in [0, {MAX_LOGPROBS}] (None = off), got {k}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(
+                "SamplingParams: structured_outputs must be a StructuredOutputsParams, "
+                f"got {type(self.structured_outputs).__name__}"
+            )
+        _check_int("n", self.n, 1)
+        if self.best_of is not None:
+            _check_int("best_of", self.best_of, 1)
+            if self.best_of < self.n:
+                raise ValueError(f"SamplingParams: best_of must be >= n ({self.n}), got {self.best_of}")
+        if self.max_tokens == 0 and self.num_candidates > 1:
+            raise ValueError("SamplingParams: n and best_of must be 1 for a scoring request (max_tokens=0)")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def num_candidates(self) -> int:
+        """Sequences sampled per prompt: best_of, or n."""
+        return self.best_of if self.best_of is not None else self.n
+
+
+def _check_int(name: str, value: Any, low: int, extra: str = "") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(
+            f"SamplingParams: {name} must be an integer >= {low}{' ' + extra if extra else ''}, got {value!r}"
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,9 +42,25 @@ class Sequence:
     start_s: float = 0.0  # arrival (add_request)
     first_token_s: float = 0.0
     end_s: float = 0.0
+    # sampling extras (all off for a plain request)
+    logprobs: list[dict[int, Any]] | None = None  # per output token: token id -> output.Logprob
+    prompt_logprobs: list[dict[int, Any] | None] | None = None  # filled by the prefill pass when asked
+    cumulative_logprob: float = 0.0  # of the sampled tokens (tracked when tracks_logprob)
+    tracks_logprob: bool = False  # logprobs asked, or best_of ranks candidates by cumulative logprob
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences of SamplingParams.bad_words
+    matcher: Any = None  # structured outputs: the request's grammar matcher (keel.structured)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+        p = self.params
+        self.tracks_logprob = self.tracks_logprob or p.logprobs is not None
+        if p.logprobs is not None:
+            self.logprobs = []
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """The next forward pass must keep all-position logits for this sequence's prompt."""
+        return self.params.prompt_logprobs is not None and self.prompt_logprobs is None
 
     @property
     def num_prompt(self) -> int:
