@@ -41,7 +41,7 @@ def step_logprobs(token_id: int, text: str, k: int) -> dict[int, FakeLogprob]:
     entries = {token_id: FakeLogprob(-0.5, 2, text)}
     for r in range(k + 1):
         rank = 1 if r == 0 else r + 2
-        entries[1000 + 7 * token_id + r] = FakeLogprob(-0.1 * rank, rank, f"<alt{rank}>")
+        entries[1000 + 7 * token_id + r] = FakeLogprob(-0.25 * rank, rank, f"<alt{rank}>")
     return entries
 
 
@@ -112,7 +112,9 @@ class ScriptedEngine:
                     finished=done,
                     finish_reason=("length" if n < len(self.pieces) else "stop") if done else None,
                     logprobs=list(r.lps) if k is not None else None,
-                    new_logprobs=r.lps[-len(new_ids) :] if (k is not None and new_ids) else ([] if k is not None else None),
+                    new_logprobs=r.lps[-len(new_ids) :]
+                    if (k is not None and new_ids)
+                    else ([] if k is not None else None),
                     prompt_logprobs=prompt_lps,
                 )
             )

@@ -143,7 +143,11 @@ def test_tool_results_render_back_through_the_template(tiny_model):
                 "role": "assistant",
                 "content": None,
                 "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
                 ],
             },
             {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},

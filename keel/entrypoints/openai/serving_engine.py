@@ -117,10 +117,10 @@ class Generation:
             choice.text = out.text
             choice.token_ids = out.token_ids
             choice.completion_tokens = len(out.token_ids)
-            if (lps := getattr(out, "logprobs", None)) is not None:
-                choice.logprobs = lps
-            if (plps := getattr(out, "prompt_logprobs", None)) is not None:
-                choice.prompt_logprobs = plps
+            if out.logprobs is not None:
+                choice.logprobs = out.logprobs
+            if out.prompt_logprobs is not None:
+                choice.prompt_logprobs = out.prompt_logprobs
             choice.cached_tokens = out.num_cached_tokens or 0
             if out.finished:
                 if out.finish_reason != "stop" and out.finish_reason != "length":
@@ -243,7 +243,7 @@ class OpenAIServing:
             raise bad_request(f"one output constraint per request; this one sets {names}", sources[1][0])
         name, kwargs = sources[0]
         try:
-            from keel.engine.sampling_params import StructuredOutputsParams  # type: ignore[attr-defined,unused-ignore]
+            from keel.engine.sampling_params import StructuredOutputsParams
         except ImportError as exc:
             raise bad_request(
                 f"{name} is not supported by this keel build (its engine has no structured outputs)", name

@@ -191,7 +191,7 @@ class OpenAIServingChat:
             extra = {}
             if req.prompt_logprobs is not None and not sent_prompt_lp and c.prompt_logprobs is not None:
                 extra["prompt_logprobs"], sent_prompt_lp = vllm_prompt_logprobs(c.prompt_logprobs), True
-            new_lp = list(getattr(out, "new_logprobs", None) or [])
+            new_lp = list(out.new_logprobs or [])
             logprobs = self._logprobs(req, out.new_token_ids, new_lp) if out.new_token_ids else None
             deltas: list[DeltaMessage] = []
             if mode == "auto":

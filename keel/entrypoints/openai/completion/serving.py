@@ -144,7 +144,7 @@ class OpenAIServingCompletion:
                     head, offsets[c.index] = self._prompt_part(req, c)
                     logprobs = head
             if req.logprobs is not None and out.new_token_ids:
-                new = list(getattr(out, "new_logprobs", None) or [])
+                new = list(out.new_logprobs or [])
                 tail, offsets[c.index] = completion_logprobs(
                     out.new_token_ids, new, req.logprobs, self.serving.tokenizer, offsets.get(c.index, 0), as_ids
                 )
