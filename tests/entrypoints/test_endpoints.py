@@ -110,3 +110,16 @@ def test_serve_quantization_choices(capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--quantization", "int4"])
     assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_serve_fp8_quantization_answers(tiny_model):
+    """--quantization fp8 reaches the engine (its FP8 linear layers): the server answers from them."""
+    served = start_server(tiny_model, engine_kwargs={"quantization": "fp8"})
+    try:
+        assert served.engine.engine.quantization == "fp8"
+        r = served.client().completions.create(
+            model=MODEL_NAME, prompt="hi", max_tokens=4, extra_body={"ignore_eos": True}
+        )
+        assert r.usage.completion_tokens == 4
+    finally:
+        served.stop()
