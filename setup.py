@@ -143,6 +143,7 @@ RUNTIME_REQUIRES = [
     "tqdm",
     "fastapi>=0.115",
     "uvicorn>=0.30",  # `keel serve`
+    "llguidance>=1.9,<2",  # structured outputs (keel/structured): one abi3 wheel, no dependencies
 ]
 
 setup(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import cast
 import torch
 
 from keel.engine.llm_engine import LLMEngine
-from keel.engine.output import GenerateStats, RequestOutput
+from keel.engine.output import CompletionOutput, GenerateStats, RequestOutput
 from keel.engine.sampling_params import SamplingParams
 from keel.hf.config import ModelConfig
 from keel.hf.resolve import DEFAULT_MODEL
@@ -101,6 +102,9 @@ class LLM:
         stream: StreamCallback | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); `stream(i, delta)` gets text as it is produced.
+        One RequestOutput per prompt; its `outputs` lists the prompt's n completions (SamplingParams.n,
+        best first when best_of candidates were ranked by cumulative logprob), and its own fields are those
+        of `outputs[0]`.
 
         Callers on several threads take turns: each call runs its prompts to the end on its own."""
         with self._lock:
@@ -126,11 +130,22 @@ class LLM:
         plist = params if isinstance(params, list) else [params] * len(batch)
         if len(plist) != len(batch):
             raise ValueError(f"got {len(batch)} prompts but {len(plist)} SamplingParams; expected one or as many")
-        seqs = [engine.make_sequence(f"prompt {i}", p, sp) for i, (p, sp) in enumerate(zip(batch, plist, strict=True))]
+        if stream is not None and any(sp.num_candidates > 1 for sp in plist):
+            raise ValueError("LLM.generate: stream needs n == 1 and no best_of (one text per prompt)")
+        seqs, owner = [], []  # owner[j]: the prompt index of sequence j
+        for i, (p, sp) in enumerate(zip(batch, plist, strict=True)):
+            for c in range(sp.num_candidates):
+                cand = sp
+                if c and sp.seed is not None:  # distinct, reproducible seeds per candidate (as keel serve does)
+                    cand = dataclasses.replace(sp, seed=(sp.seed + c) % (1 << 63))
+                seq = engine.make_sequence(f"prompt {i}", p, cand)
+                seq.tracks_logprob = seq.tracks_logprob or sp.num_candidates > 1  # ranked / reported per completion
+                seqs.append(seq)
+                owner.append(i)
         engine.scheduler.reserve(seqs)  # size the KV pool for the first wave now, not step by step
         call = next(self._calls)
-        ids = [f"generate-{call}-{i}" for i in range(len(seqs))]
-        index = {rid: i for i, rid in enumerate(ids)}
+        ids = [f"generate-{call}-{j}" for j in range(len(seqs))]
+        index = {rid: owner[j] for j, rid in enumerate(ids)}
         done: dict[str, RequestOutput] = {}
         engine.stats = GenerateStats()
         try:
@@ -145,7 +160,18 @@ class LLM:
         finally:  # an exception or Ctrl-C mid-run must not leak cache blocks (nobody waits for the aborts)
             for rid in ids:
                 engine.abort_request(rid, report=False)
-        return [done[rid] for rid in ids]
+        results = []
+        for i, sp in enumerate(plist):
+            cands = [done[rid] for j, rid in enumerate(ids) if owner[j] == i]
+            if sp.best_of is not None and sp.best_of > sp.n:
+                cands.sort(key=lambda o: o.cumulative_logprob or 0.0, reverse=True)
+            keep = cands[: sp.n]
+            outputs = [
+                CompletionOutput(k, o.text, o.token_ids, o.cumulative_logprob, o.logprobs, o.finish_reason)
+                for k, o in enumerate(keep)
+            ]
+            results.append(dataclasses.replace(keep[0], outputs=outputs))
+        return results
 
     def chat(
         self,

@@ -19,16 +19,18 @@ import torch
 
 from keel.engine.dtypes import resolve_dtype
 from keel.engine.model_loader import load_model
-from keel.engine.model_runner import ModelRunner
-from keel.engine.output import EngineMetrics, GenerateStats, RequestOutput, request_output
+from keel.engine.model_runner import ModelRunner, StepResult
+from keel.engine.output import EngineMetrics, GenerateStats, Logprob, RequestOutput, request_output
 from keel.engine.sampling_params import SamplingParams
-from keel.engine.scheduler import Scheduler
+from keel.engine.scheduler import Scheduler, SchedulerOutput
 from keel.engine.sequence import FinishReason, Sequence
 from keel.hf.config import ModelConfig, read_config_json
 from keel.hf.resolve import DEFAULT_MODEL, resolve_model
 from keel.hf.tokenizer import IncrementalDetokenizer, Tokenizer
 from keel.layers.fp8_linear import check_quantization
+from keel.layers.sampler import RowLogprobs
 from keel.models import get_model_class
+from keel.structured import GrammarCompiler
 
 
 class LLMEngine:
@@ -77,6 +79,8 @@ class LLMEngine:
         self._num_generation_tokens = 0
         self._inside = threading.Lock()  # held while a thread mutates the engine (see _exclusive)
         self._inside_thread: str | None = None
+        self._grammars: GrammarCompiler | None = None  # built on the first structured request
+        self._token_text: dict[int, str] = {}  # decoded_token of logprobs, one decode per token id
 
     @contextlib.contextmanager
     def _exclusive(self, op: str) -> Iterator[None]:
@@ -129,6 +133,7 @@ class LLMEngine:
                 f"{label} has {len(ids)} tokens; the model's context is {limit} tokens "
                 f"(max_position_embeddings), so at most {limit - 1} prompt tokens fit"
             )
+        self._check_token_ids(label, params)
         max_len = min(len(ids) + params.max_tokens, limit)
         need, budget = self.scheduler.block_manager.blocks_for(max_len), self.max_kv_blocks()
         if need > budget:
@@ -140,14 +145,68 @@ class LLMEngine:
         if params.seed is not None:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(params.seed)
-        return Sequence(
+        seq = Sequence(
             prompt=prompt if isinstance(prompt, str) else None,
             prompt_token_ids=ids,
             params=params,
             max_len=max_len,
-            detok=IncrementalDetokenizer(self.tokenizer, ids),
+            detok=IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens),
             generator=gen,
         )
+        if params.bad_words:
+            seq.bad_words_ids = self._bad_words_ids(params.bad_words)
+        if params.structured_outputs is not None:
+            spec = params.structured_outputs
+            seq.matcher = self.grammars().matcher(spec.kind, getattr(spec, spec.kind))
+        return seq
+
+    def grammars(self) -> GrammarCompiler:
+        """The structured-outputs compiler (llguidance), built on first use."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(
+                self.folder / "tokenizer.json", self.config.vocab_size, sorted(self.eos_token_ids)
+            )
+        return self._grammars
+
+    def _check_token_ids(self, label: str, params: SamplingParams) -> None:
+        vocab = self.config.vocab_size
+        for name, ids in (
+            ("logit_bias", list(params.logit_bias or ())),
+            ("allowed_token_ids", params.allowed_token_ids or []),
+            ("stop_token_ids", params.stop_token_ids or []),
+        ):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise ValueError(
+                    f"SamplingParams: {name} of {label} has token ids {bad[:5]} outside [0, {vocab}) (the vocabulary)"
+                )
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """Token sequences of each bad word, alone and after a space (vLLM's rule: the spaced form only when
+        it is a different first token of the same length)."""
+        out: list[list[int]] = []
+        for word in words:
+            plain = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if plain:
+                out.append(plain)
+            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+                out.append(spaced)
+        return out
+
+    def decoded_token(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def _logprob_dict(self, row: RowLogprobs) -> dict[int, Logprob]:
+        """The sampled (or prompt) token first, then the top k by rank (vLLM's order)."""
+        out = {row.token_id: Logprob(row.logprob, row.rank, self.decoded_token(row.token_id))}
+        for rank, (tid, lp) in enumerate(zip(row.top_ids, row.top_logprobs, strict=True), start=1):
+            if tid not in out:
+                out[tid] = Logprob(lp, rank, self.decoded_token(tid))
+        return out
 
     def add_sequence(self, request_id: str, seq: Sequence) -> None:
         """Queue a sequence made by `make_sequence` under `request_id`."""
@@ -202,7 +261,8 @@ class LLMEngine:
                 return outputs
             self.runner.fit_kv_cache(batch.num_kv_blocks)  # growing the pool is not step time (GenerateStats)
             t0 = time.perf_counter()
-            tokens = self.runner.run(batch)
+            self._sampling_inputs(batch)
+            result = self.runner.run(batch)
             now = time.perf_counter()
             if batch.num_prompt_tokens:
                 self.stats.prefill_tokens += batch.num_prompt_tokens
@@ -211,38 +271,89 @@ class LLMEngine:
                 self.stats.decode_tokens += len(batch.seqs)
                 self.stats.decode_s += now - t0
             self._num_generation_tokens += len(batch.seqs)
-            return outputs + self._postprocess(batch.seqs, tokens, now)
+            return outputs + self._postprocess(batch.seqs, result, now)
 
-    def _postprocess(self, seqs: list[Sequence], tokens: list[int], now: float) -> list[RequestOutput]:
-        """After the forward pass, in one place: commit the computed blocks, append each token, check the
-        stops, detokenize, and finish the requests that ended (their blocks freed)."""
+    def _sampling_inputs(self, batch: SchedulerOutput) -> None:
+        """What the sampler needs beyond the parameters, for the sequences that use it: tokens banned this
+        step (eos and stop_token_ids before min_tokens, bad words' next tokens) and the grammars' bitmask."""
+        banned: list[list[int]] | None = None
+        rows = []
+        for r, seq in enumerate(batch.seqs):
+            p = seq.params
+            if seq.matcher is not None:
+                rows.append(r)
+            if not (p.min_tokens or seq.bad_words_ids):
+                continue
+            ban: list[int] = []
+            out = seq.output_ids
+            if len(out) < p.min_tokens and seq.matcher is None:  # a grammar decides when its output may end
+                ban += sorted(self.eos_token_ids) + list(p.stop_token_ids or ())
+            for words in seq.bad_words_ids:
+                if len(words) == 1 or (len(out) >= len(words) - 1 and out[len(out) - len(words) + 1 :] == words[:-1]):
+                    ban.append(words[-1])
+            if ban:
+                banned = banned or [[] for _ in batch.seqs]
+                banned[r] = ban
+        batch.banned = banned
+        batch.bitmask_rows = rows
+        batch.bitmask = self.grammars().bitmask([batch.seqs[r].matcher for r in rows]) if rows else None
+
+    def _postprocess(self, seqs: list[Sequence], result: StepResult, now: float) -> list[RequestOutput]:
+        """After the forward pass, in one place: commit the computed blocks, record prompt logprobs, append
+        each token (with its logprobs), check the stops, detokenize, and finish the requests that ended
+        (their blocks freed)."""
         outputs = []
-        for seq, token in zip(seqs, tokens, strict=True):
+        for r, (seq, token) in enumerate(zip(seqs, result.token_ids, strict=True)):
             self.scheduler.commit(seq)
-            delta = self._append(seq, token, now)
+            prompt_rows = result.prompt_logprobs.get(r)
+            if prompt_rows is not None:
+                seq.prompt_logprobs = [None, *(self._logprob_dict(x) for x in prompt_rows)]
+            new: list[int] = []
+            if seq.params.max_tokens == 0:  # a scoring request: the prompt's logprobs are the answer
+                seq.finish, seq.end_s, seq.first_token_s = FinishReason.LENGTH, now, now
+                delta = ""
+            else:
+                new = [token]
+                row = result.sampled.logprobs[r]
+                if row is not None:
+                    seq.cumulative_logprob += row.logprob
+                    if seq.logprobs is not None:
+                        seq.logprobs.append(self._logprob_dict(row))
+                delta = self._append(seq, token, now)
             if seq.finish is not None:
                 self.scheduler.finish(seq)
                 del self._requests[seq.request_id]
-            outputs.append(request_output(seq, [token], delta))
+            outputs.append(request_output(seq, new, delta))
         return outputs
 
     def _append(self, seq: Sequence, token: int, now: float) -> str:
-        """Record one sampled token: extend the text, check eos / stop strings / length; the text to release."""
+        """Record one sampled token: advance its grammar, extend the text, check eos / stop tokens / stop
+        strings (none before min_tokens) / grammar end / length; the text to release."""
         if not seq.output_ids:
             seq.first_token_s = now
         seq.token_ids.append(token)
         p = seq.params
         holdback = max((len(s) for s in p.stop), default=1) - 1  # a stop string may still be forming
-        if token in self.eos_token_ids and not p.ignore_eos:
+        may_stop = len(seq.output_ids) > p.min_tokens
+        grammar_done = False
+        if seq.matcher is not None:
+            ok = seq.matcher.consume_token(token)
+            grammar_done = not ok or seq.matcher.is_stopped()
+        assert seq.detok is not None
+        if may_stop and ((token in self.eos_token_ids and not p.ignore_eos) or token in (p.stop_token_ids or ())):
             seq.finish = FinishReason.STOP
+            if p.include_stop_str_in_output:
+                seq.text += seq.detok.add(token)
         else:
-            assert seq.detok is not None
             search_from = max(0, len(seq.text) - holdback)
             seq.text += seq.detok.add(token)
-            hits = [i for s in p.stop if (i := seq.text.find(s, search_from)) >= 0]
+            hits = [(i, s) for s in p.stop if (i := seq.text.find(s, search_from)) >= 0] if may_stop else []
             if hits:
-                seq.text = seq.text[: min(hits)]
+                i, s = min(hits)
+                seq.text = seq.text[: i + len(s)] if p.include_stop_str_in_output else seq.text[:i]
                 seq.finish = FinishReason.STOP
+        if seq.finish is None and grammar_done:
+            seq.finish = FinishReason.STOP
         if seq.finish is None and len(seq.token_ids) >= seq.max_len:
             seq.finish = FinishReason.LENGTH
         if seq.finish is not None:

@@ -8,6 +8,7 @@ model, as gpt-fast applies compilation in its runner, so the model code stays pl
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -16,8 +17,21 @@ from keel.engine.scheduler import SchedulerOutput
 from keel.layers.attention import PAGE_MULTIPLE, AttnMetadata, PagedAttention
 from keel.layers.fp8_linear import quantize_linears
 from keel.layers.linear import can_pack, keel_linears, pack_linears
-from keel.layers.sampler import sample
+from keel.layers.sampler import RowLogprobs, SamplerOutput, prompt_logprobs, sample
 from keel.models.llama import LlamaForCausalLM
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One step's sampled tokens (with logprobs where asked) and, for the sequences that asked for prompt
+    logprobs in this prefill, theirs (batch row -> one entry per prompt token after the first)."""
+
+    sampled: SamplerOutput
+    prompt_logprobs: dict[int, list[RowLogprobs]]
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.sampled.token_ids
 
 
 class ModelRunner:
@@ -101,18 +115,46 @@ class ModelRunner:
         return self._tensor(ids), self._tensor(positions), ctx
 
     @torch.inference_mode()
-    def forward(self, batch: SchedulerOutput, all_logits: bool = False) -> torch.Tensor:
+    def forward(
+        self, batch: SchedulerOutput, all_logits: bool = False, prompt_rows: list[int] | None = None
+    ) -> torch.Tensor:
         """Forward each sequence's uncomputed tokens in one pass; logits [B, V] of each sequence's last token
-        ([T, V] of every computed token with `all_logits`)."""
+        ([T, V] of every computed token with `all_logits`). With `prompt_rows`, the logits of every computed
+        token of those sequences follow the B last-token rows, in that order ([B + sum of their tokens, V])."""
         self.fit_kv_cache(batch.num_kv_blocks)  # a no-op unless the scheduler's pool changed size
         input_ids, positions, ctx = self.prepare(batch)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
         if not all_logits:
-            hidden = hidden[(ctx.cu_seqlens_q[1:] - 1).long()]
+            picked = [(ctx.cu_seqlens_q[1:] - 1).long()]
+            for r in prompt_rows or ():
+                picked.append(torch.arange(int(ctx.cu_seqlens_q[r]), int(ctx.cu_seqlens_q[r + 1]), device=self.device))
+            hidden = hidden[torch.cat(picked)]
         return self.model.compute_logits(hidden)
 
-    def run(self, batch: SchedulerOutput) -> list[int]:
-        """One step: the forward pass, then each sequence's next token."""
+    def run(self, batch: SchedulerOutput) -> StepResult:
+        """One step: the forward pass, then each sequence's next token (with what the engine put in `batch`
+        for the sampler); prompt logprobs for the sequences in prefill that ask for them."""
         seqs = batch.seqs
-        logits = self.forward(batch)
-        return sample(logits, [s.params for s in seqs], [s.generator for s in seqs], [s.token_ids for s in seqs])
+        prompt_rows = [r for r, s in enumerate(seqs) if s.wants_prompt_logprobs and s.num_computed_tokens == 0]
+        logits = self.forward(batch, prompt_rows=prompt_rows)
+        last = logits[: len(seqs)]
+        sampled = sample(
+            last,
+            [s.params for s in seqs],
+            [s.generator for s in seqs],
+            [s.token_ids for s in seqs],
+            num_prompt=[s.num_prompt for s in seqs],
+            banned=batch.banned,
+            bitmask=batch.bitmask,
+            bitmask_rows=batch.bitmask_rows,
+            logprob_rows=[r for r, s in enumerate(seqs) if s.tracks_logprob],
+        )
+        prompt: dict[int, list[RowLogprobs]] = {}
+        at = len(seqs)
+        for r in prompt_rows:
+            seq = seqs[r]
+            n = len(seq.token_ids) - seq.num_computed_tokens
+            k = seq.params.prompt_logprobs or 0
+            prompt[r] = prompt_logprobs(logits[at : at + n - 1], seq.prompt_token_ids, k)
+            at += n
+        return StepResult(sampled, prompt)

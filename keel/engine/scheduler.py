@@ -5,7 +5,8 @@ commit of computed blocks, release and preemption all go through it."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from keel.engine.block_manager import BlockManager, PrefixHit
 from keel.engine.sequence import Sequence
@@ -19,6 +20,10 @@ class SchedulerOutput:
     seqs: list[Sequence]
     num_prompt_tokens: int  # tokens of prompt work (0: a pure decode step)
     num_kv_blocks: int
+    # what the engine adds for the sampler before the runner runs the step (None / empty: nothing to do)
+    banned: list[list[int]] | None = None  # per sequence: tokens masked this step (min_tokens, bad words)
+    bitmask: Any = None  # int32 [len(bitmask_rows), ceil(V/32)]: structured outputs' allowed tokens
+    bitmask_rows: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -134,6 +139,8 @@ class Scheduler:
             # (after a preemption, admitting would only take the blocks the running ones are short of)
             seq = self.waiting[0]
             hit = bm.cached_prefix(seq.token_ids)  # once per admission, passed on to the allocation
+            if seq.wants_prompt_logprobs and hit.num_tokens:  # every prompt position's logits are needed
+                hit = PrefixHit([], [], 0)
             new_tokens = len(seq.token_ids) - hit.num_tokens
             if batch and new_tokens > budget:
                 break

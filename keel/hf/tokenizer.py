@@ -133,8 +133,11 @@ def _compile(source: str) -> Any:
 class IncrementalDetokenizer:
     """Turn a stream of token ids into text deltas without splitting multi-byte characters."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], context: int = 4) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_ids: list[int], context: int = 4, skip_special_tokens: bool = True
+    ) -> None:
         self._tok = tokenizer
+        self._skip = skip_special_tokens
         self._ids = list(prompt_ids[-context:])  # a little prompt context keeps leading spaces right
         self._prefix = 0
         self._read = len(self._ids)
@@ -142,8 +145,8 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> str:
         """Append one token; return the newly completed text (may be empty)."""
         self._ids.append(token_id)
-        prefix_text = self._tok.decode(self._ids[self._prefix : self._read])
-        new_text = self._tok.decode(self._ids[self._prefix :])
+        prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        new_text = self._tok.decode(self._ids[self._prefix :], self._skip)
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""
         self._prefix, self._read = self._read, len(self._ids)

@@ -1,12 +1,19 @@
-"""Turn last-position logits [B, V] into next tokens: repetition penalty, then greedy or temperature /
-top-k / top-p sampling, row by row with each request's own parameters and generator.
+"""Turn last-position logits [B, V] into next tokens, batched over the rows that ask for each step:
 
-The seam takes plain per-row inputs (parameters, generator, tokens seen so far), nothing of the engine's
-request state, so a batched sampler can replace it behind the same call."""
+1. logprobs (log_softmax of the RAW logits, float32) for the rows that want them, before anything else;
+2. logits processors as tensor ops over the rows that use them: repetition penalty (prompt + output),
+   presence / frequency penalties (OpenAI: output tokens), logit bias, allowed token ids, banned tokens
+   (min_tokens' eos / stop ids, bad words, chosen by the caller) and a grammar's token bitmask;
+3. greedy argmax, or temperature -> min_p -> top-k / top-p -> multinomial with each row's generator.
+
+A batch whose rows use none of these pays a few attribute reads per row. The seam takes plain per-row
+inputs (parameters, generator, tokens seen so far), nothing of the engine's request state."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -25,7 +32,42 @@ class SamplingOptions(Protocol):
     def top_p(self) -> float: ...  # 1.0: off
 
     @property
+    def min_p(self) -> float: ...  # 0: off
+
+    @property
     def repetition_penalty(self) -> float: ...  # 1.0: off
+
+    @property
+    def presence_penalty(self) -> float: ...  # 0: off
+
+    @property
+    def frequency_penalty(self) -> float: ...  # 0: off
+
+    @property
+    def logit_bias(self) -> dict[int, float] | None: ...
+
+    @property
+    def allowed_token_ids(self) -> list[int] | None: ...
+
+    @property
+    def logprobs(self) -> int | None: ...  # None: off; k: sampled token + top k
+
+
+@dataclass(slots=True, frozen=True)
+class RowLogprobs:
+    """The sampled token's raw logprob and rank (1 = most likely) and the top-k tokens' ids and logprobs."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[RowLogprobs | None]  # one per row; None where nobody asked
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> None:
@@ -47,30 +89,179 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
+def _scatter_index(lists: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) index tensors of every element of `lists` (row r holds lists[r])."""
+    lengths = torch.tensor([len(x) for x in lists], dtype=torch.long)
+    rows = torch.repeat_interleave(torch.arange(len(lists)), lengths).to(device)
+    cols = torch.tensor(list(itertools.chain.from_iterable(lists)), dtype=torch.long, device=device)
+    return rows, cols
+
+
+def _check_ids(op: str, cols: torch.Tensor, vocab: int) -> None:
+    if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= vocab):
+        raise ValueError(f"sample: {op} has token ids outside [0, {vocab}) (the logits' width)")
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    params: Sequence[SamplingOptions],
+    token_ids: Sequence[Sequence[int]],
+    num_prompt: Sequence[int] | None,
+) -> None:
+    """In place on logits [B, V]: repetition penalty over prompt + output tokens (vLLM / transformers), then
+    `presence_penalty * (count > 0) + frequency_penalty * count` subtracted over output tokens (OpenAI)."""
+    vocab, dev = logits.shape[-1], logits.device
+    rep = [b for b, p in enumerate(params) if p.repetition_penalty != 1.0]
+    if rep:
+        rows, cols = _scatter_index([token_ids[b] for b in rep], dev)
+        _check_ids("token_ids", cols, vocab)
+        seen = torch.zeros(len(rep), vocab, dtype=torch.bool, device=dev)
+        seen[rows, cols] = True
+        pen = torch.tensor([params[b].repetition_penalty for b in rep], device=dev)[:, None]
+        idx = torch.tensor(rep, device=dev)
+        sub = logits[idx]
+        logits[idx] = torch.where(seen, torch.where(sub < 0, sub * pen, sub / pen), sub)
+    freq = [b for b, p in enumerate(params) if p.presence_penalty or p.frequency_penalty]
+    if freq:
+        if num_prompt is None:
+            raise ValueError("sample: presence / frequency penalties need num_prompt (where each row's output starts)")
+        rows, cols = _scatter_index([token_ids[b][num_prompt[b] :] for b in freq], dev)
+        _check_ids("token_ids", cols, vocab)
+        counts = torch.zeros(len(freq), vocab, device=dev)
+        counts.index_put_((rows, cols), torch.ones_like(cols, dtype=counts.dtype), accumulate=True)
+        presence = torch.tensor([params[b].presence_penalty for b in freq], device=dev)[:, None]
+        frequency = torch.tensor([params[b].frequency_penalty for b in freq], device=dev)[:, None]
+        idx = torch.tensor(freq, device=dev)
+        logits[idx] -= frequency * counts + presence * (counts > 0)
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[R, ceil(V/32)] int32 (bit j of word w allows token 32w + j) -> [R, V] bool allowed."""
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = (bitmask[:, :, None] >> bits) & 1  # [R, W, 32]
+    return allowed.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+
+
+def apply_masks(
+    logits: torch.Tensor,
+    params: Sequence[SamplingOptions],
+    banned: Sequence[Sequence[int]] | None = None,
+    bitmask: torch.Tensor | None = None,
+    bitmask_rows: Sequence[int] | None = None,
+) -> None:
+    """In place on logits [B, V]: add each row's logit_bias (clipped to [-100, 100]), keep only its
+    allowed_token_ids, set `banned[b]` to -inf, and keep only the tokens `bitmask` allows in `bitmask_rows`."""
+    vocab, dev = logits.shape[-1], logits.device
+    biased = [b for b, p in enumerate(params) if p.logit_bias]
+    if biased:
+        items = [list(params[b].logit_bias.items()) for b in biased]  # type: ignore[union-attr]
+        rows, cols = _scatter_index([[t for t, _ in it] for it in items], dev)
+        _check_ids("logit_bias", cols, vocab)
+        vals = torch.tensor([v for it in items for _, v in it], device=dev).clamp(-100.0, 100.0)
+        logits.index_put_((torch.tensor(biased, device=dev)[rows], cols), vals, accumulate=True)
+    allow = [b for b, p in enumerate(params) if p.allowed_token_ids is not None]
+    if allow:
+        rows, cols = _scatter_index([params[b].allowed_token_ids or [] for b in allow], dev)
+        _check_ids("allowed_token_ids", cols, vocab)
+        keep = torch.zeros(len(allow), vocab, dtype=torch.bool, device=dev)
+        keep[rows, cols] = True
+        idx = torch.tensor(allow, device=dev)
+        logits[idx] = logits[idx].masked_fill(~keep, float("-inf"))
+    if banned is not None and any(banned):
+        rows, cols = _scatter_index(banned, dev)
+        _check_ids("banned", cols, vocab)
+        logits[rows, cols] = float("-inf")
+    if bitmask is not None and bitmask_rows:
+        if bitmask.shape != (len(bitmask_rows), (vocab + 31) // 32) or bitmask.dtype != torch.int32:
+            raise ValueError(
+                f"sample: bitmask must be int32 [{len(bitmask_rows)}, {(vocab + 31) // 32}] (one row per "
+                f"bitmask_rows entry, 32 tokens a word), got {tuple(bitmask.shape)} {bitmask.dtype}"
+            )
+        idx = torch.tensor(list(bitmask_rows), device=dev)
+        ok = unpack_bitmask(bitmask.to(dev), vocab)
+        logits[idx] = logits[idx].masked_fill(~ok, float("-inf"))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Rows [R, V] (already divided by temperature): drop tokens whose probability is below min_p [R] times
+    the row's top probability."""
+    probs = logits.softmax(-1)
+    floor = probs.amax(-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < floor, float("-inf"))
+
+
+def _logprobs(raw: torch.Tensor, tokens: list[int], ks: list[int]) -> list[RowLogprobs]:
+    """Raw logits rows [R, V] -> each row's sampled-token logprob, rank and top-k."""
+    lp = torch.log_softmax(raw.float(), dim=-1)
+    tok = torch.tensor(tokens, device=lp.device)[:, None]
+    chosen = lp.gather(1, tok)  # [R, 1]
+    ranks = ((lp > chosen).sum(-1) + 1).tolist()
+    top_v, top_i = lp.topk(max(ks), dim=-1) if max(ks) else (lp[:, :0], lp[:, :0].long())
+    chosen_l, top_vl, top_il = chosen[:, 0].tolist(), top_v.tolist(), top_i.tolist()
+    return [
+        RowLogprobs(tokens[r], chosen_l[r], ranks[r], top_il[r][: ks[r]], top_vl[r][: ks[r]])
+        for r in range(len(tokens))
+    ]
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt_ids: Sequence[int], k: int) -> list[RowLogprobs]:
+    """Logits [L-1, V] of positions 0 .. L-2 -> each next prompt token's (ids[1:]) logprob, rank and top-k."""
+    out: list[RowLogprobs] = []
+    ids = list(prompt_ids[1:])
+    for start in range(0, len(ids), 512):  # bounded float32 copies for long prompts
+        out += _logprobs(logits[start : start + 512], ids[start : start + 512], [k] * len(ids[start : start + 512]))
+    return out
+
+
 @torch.inference_mode()
 def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingOptions],
     generators: Sequence[torch.Generator | None],
     token_ids: Sequence[Sequence[int]],
-) -> list[int]:
+    *,
+    num_prompt: Sequence[int] | None = None,
+    banned: Sequence[Sequence[int]] | None = None,
+    bitmask: torch.Tensor | None = None,
+    bitmask_rows: Sequence[int] | None = None,
+    logprob_rows: Sequence[int] | None = None,
+) -> SamplerOutput:
     """Next token per row of logits [B, V] (any float dtype). Row b samples with `params[b]` and
-    `generators[b]` (None: torch's global RNG); `token_ids[b]` (prompt + output) feeds the repetition penalty."""
+    `generators[b]` (None: torch's global RNG); `token_ids[b]` (prompt + output, the output from
+    `num_prompt[b]` on) feeds the penalties; `banned[b]` are masked this step; `bitmask` [R, ceil(V/32)]
+    int32 restricts rows `bitmask_rows`. Logprobs come for rows whose params ask (`logprobs` not None) and
+    for `logprob_rows` (sampled token only, unless the params ask for a top k)."""
     if not len(params) == len(generators) == len(token_ids) == logits.shape[0]:
         raise ValueError(
             f"sample: expected one params / generator / token_ids entry per logits row ({logits.shape[0]}), "
             f"got {len(params)} / {len(generators)} / {len(token_ids)}"
         )
+    for name, per_row in (("num_prompt", num_prompt), ("banned", banned)):
+        if per_row is not None and len(per_row) != len(params):
+            raise ValueError(f"sample: {name} needs one entry per logits row ({len(params)}), got {len(per_row)}")
     logits = logits.float()
-    for row, p in enumerate(params):
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(token_ids[row])), dtype=torch.long, device=logits.device)
-            apply_repetition_penalty(logits[row], seen, p.repetition_penalty)
+    lp_rows = sorted({b for b, p in enumerate(params) if p.logprobs is not None} | set(logprob_rows or ()))
+    raw = logits[torch.tensor(lp_rows, device=logits.device)] if lp_rows else None  # a copy, before any change
+    if any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params):
+        apply_penalties(logits, params, token_ids, num_prompt)
+    if bitmask_rows or any(banned or ()) or any(p.logit_bias or p.allowed_token_ids is not None for p in params):
+        apply_masks(logits, params, banned, bitmask, bitmask_rows)
     out = logits.argmax(dim=-1).tolist()  # greedy rows; sampled rows are overwritten below
-    for row, p in enumerate(params):
-        if p.temperature == 0.0:
-            continue
-        row_logits = filter_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
-        probs = row_logits.softmax(-1)
-        out[row] = int(torch.multinomial(probs, 1, generator=generators[row]).item())
-    return out
+    hot = [b for b, p in enumerate(params) if p.temperature != 0.0]
+    if hot:
+        idx = torch.tensor(hot, device=logits.device)
+        scaled = logits[idx] / torch.tensor([params[b].temperature for b in hot], device=logits.device)[:, None]
+        min_p = [params[b].min_p for b in hot]
+        if any(min_p):
+            scaled = apply_min_p(scaled, torch.tensor(min_p, device=logits.device))
+        for r, b in enumerate(hot):
+            p = params[b]
+            row_logits = filter_top_k_top_p(scaled[r], p.top_k, p.top_p)
+            probs = row_logits.softmax(-1)
+            out[b] = int(torch.multinomial(probs, 1, generator=generators[b]).item())
+    logprobs: list[RowLogprobs | None] = [None] * len(params)
+    if raw is not None:
+        ks = [params[b].logprobs or 0 for b in lp_rows]
+        for b, row in zip(lp_rows, _logprobs(raw, [out[b] for b in lp_rows], ks), strict=True):
+            logprobs[b] = row
+    return SamplerOutput(out, logprobs)

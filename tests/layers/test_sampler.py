@@ -1,0 +1,138 @@
+"""The batched sampler on fake logits: each processor against a hand-computed reference, logprobs against
+log_softmax of the raw logits, and rows that ask for nothing left alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from keel.layers.sampler import apply_masks, apply_penalties, sample, unpack_bitmask
+
+
+@dataclass
+class P:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    logprobs: int | None = None
+
+
+V = 8
+BASE = torch.tensor([2.0, -1.0, 0.5, 3.0, -2.0, 1.0, 0.0, -0.5])
+
+
+def rows(n: int = 2) -> torch.Tensor:
+    return BASE.repeat(n, 1).clone()
+
+
+def test_presence_and_frequency_penalties_use_output_counts_only():
+    logits = rows()
+    # row 0: prompt [3, 0], output [0, 0, 5]; row 1 untouched (no penalty)
+    apply_penalties(
+        logits, [P(presence_penalty=0.5, frequency_penalty=0.25), P()], [[3, 0, 0, 0, 5], [3, 0]], num_prompt=[2, 2]
+    )
+    want = BASE.clone()
+    want[0] -= 0.5 + 0.25 * 2  # output count 2
+    want[5] -= 0.5 + 0.25 * 1
+    # token 3 is in the prompt only: OpenAI's penalties leave it alone
+    assert torch.equal(logits[0], want)
+    assert torch.equal(logits[1], BASE)
+
+
+def test_repetition_penalty_covers_prompt_and_output():
+    logits = rows()
+    apply_penalties(logits, [P(), P(repetition_penalty=2.0)], [[0], [3, 1, 1]], num_prompt=[1, 1])
+    want = BASE.clone()
+    want[3] = 3.0 / 2  # positive: divided
+    want[1] = -1.0 * 2  # negative: multiplied
+    assert torch.equal(logits[0], BASE) and torch.equal(logits[1], want)
+
+
+def test_logit_bias_is_added_and_clipped():
+    logits = rows()
+    apply_masks(logits, [P(logit_bias={1: 4.0, 6: -500.0}), P()])
+    want = BASE.clone()
+    want[1] += 4.0
+    want[6] += -100.0
+    assert torch.equal(logits[0], want) and torch.equal(logits[1], BASE)
+
+
+def test_allowed_token_ids_and_banned_tokens():
+    logits = rows(3)
+    apply_masks(logits, [P(allowed_token_ids=[1, 4]), P(), P()], banned=[[], [3, 0], []])
+    inf = float("-inf")
+    assert logits[0].tolist() == [inf, -1.0, inf, inf, -2.0, inf, inf, inf]
+    want = BASE.clone()
+    want[[3, 0]] = inf
+    assert torch.equal(logits[1], want) and torch.equal(logits[2], BASE)
+
+
+def test_bitmask_keeps_only_allowed_tokens():
+    word = (1 << 2) | (1 << 6)  # tokens 2 and 6
+    mask = torch.tensor([[word]], dtype=torch.int32)
+    assert unpack_bitmask(mask, V)[0].nonzero().flatten().tolist() == [2, 6]
+    logits = rows()
+    apply_masks(logits, [P(), P()], bitmask=mask, bitmask_rows=[1])
+    assert torch.equal(logits[0], BASE)
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [2, 6]
+    with pytest.raises(ValueError, match=r"sample: bitmask must be int32 \[1, 1\]"):
+        apply_masks(rows(), [P(), P()], bitmask=torch.zeros(2, 1, dtype=torch.int32), bitmask_rows=[1])
+
+
+def test_bitmask_high_bit_word():
+    """Bit 31 (the int32 sign bit) allows token 31: the unpacking must not lose it to sign extension."""
+    mask = torch.tensor([[-(1 << 31)]], dtype=torch.int32)
+    assert unpack_bitmask(mask, 32)[0].nonzero().flatten().tolist() == [31]
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_top():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
+    gen = torch.Generator().manual_seed(0)
+    seen = {sample(logits, [P(temperature=1.0, min_p=0.2)], [gen], [[0]]).token_ids[0] for _ in range(300)}
+    assert seen == {0, 1, 2}  # 0.08 < 0.2 * 0.5 = 0.1 is dropped; 0.12 stays
+
+
+def test_logprobs_are_log_softmax_of_raw_logits_before_penalties():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    raw = logits.clone()
+    params = [P(logprobs=3, repetition_penalty=1.7, logit_bias={7: 50.0}), P(), P(logprobs=0)]
+    out = sample(logits, params, [None] * 3, [[1, 2, 7], [4], [5]], num_prompt=[1, 1, 1])
+    lp = torch.log_softmax(raw, -1)
+    assert out.logprobs[1] is None
+    for r in (0, 2):
+        row = out.logprobs[r]
+        tok = out.token_ids[r]
+        assert row.token_id == tok
+        assert math.isclose(row.logprob, lp[r, tok].item(), abs_tol=1e-6)
+        assert row.rank == int((lp[r] > lp[r, tok]).sum()) + 1
+    top = lp[0].topk(3)
+    assert out.logprobs[0].top_ids == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor(out.logprobs[0].top_logprobs), top.values)
+    assert out.logprobs[2].top_ids == []
+    assert out.token_ids[0] == 7  # the bias decided the sampled token, the logprob is still the raw one
+
+
+def test_plain_rows_sample_as_before():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 30)
+    out = sample(logits.clone(), [P()] * 4, [None] * 4, [[0]] * 4)
+    assert out.token_ids == logits.argmax(-1).tolist() and out.logprobs == [None] * 4
+
+
+def test_bad_inputs_name_the_argument():
+    with pytest.raises(ValueError, match=r"sample: logit_bias has token ids outside \[0, 8\)"):
+        apply_masks(rows(1), [P(logit_bias={8: 1.0})])
+    with pytest.raises(ValueError, match="sample: num_prompt needs one entry per logits row"):
+        sample(rows(2), [P(), P()], [None, None], [[0], [0]], num_prompt=[1])
+    with pytest.raises(ValueError, match="presence / frequency penalties need num_prompt"):
+        apply_penalties(rows(1), [P(presence_penalty=1.0)], [[0]], None)
