@@ -59,7 +59,9 @@ def test_benchmark_client_request_shape(served):
 def test_tokenize_detokenize_version(served):
     tok = served.engine.engine.tokenizer
     status, body = post(served.base_url, "/tokenize", {"model": MODEL_NAME, "prompt": "The quick brown fox"})
-    assert status == 200 and body["tokens"] == tok.encode("The quick brown fox") and body["count"] == len(body["tokens"])
+    assert (
+        status == 200 and body["tokens"] == tok.encode("The quick brown fox") and body["count"] == len(body["tokens"])
+    )
     assert body["max_model_len"] == 128 and body["token_strs"] is None
     status, back = post(served.base_url, "/detokenize", {"model": MODEL_NAME, "tokens": body["tokens"]})
     assert status == 200 and back["prompt"] == tok.decode(body["tokens"])
