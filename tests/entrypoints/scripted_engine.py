@@ -65,9 +65,11 @@ class ScriptedEngine:
         self.pieces, self.step_s = pieces, step_s
         self.requests: dict[str, _Req] = {}
         self.params_seen: list[Any] = []
+        self.prompts_seen: list[list[int]] = []
 
     def add_request(self, request_id: str, prompt: Any, params: Any = None) -> None:
         self.params_seen.append(params)
+        self.prompts_seen.append(list(prompt))
         self.requests[request_id] = _Req(params, list(prompt))
 
     def abort_request(self, request_id: str) -> None:

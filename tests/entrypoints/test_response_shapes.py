@@ -257,3 +257,36 @@ def test_clamped_infinite_logprobs():
     from keel.entrypoints.openai.logprobs import clamp
 
     assert clamp(-math.inf) == -9999.0 and clamp(math.nan) == -9999.0 and clamp(-1.5) == -1.5
+
+
+def test_vllm_response_extras(scripted):
+    """request_id names the response, return_token_ids / return_tokens_as_token_ids, truncate_prompt_tokens,
+    add_special_tokens: what vLLM's clients read back."""
+    served, fake = scripted
+    status, body = post(
+        served,
+        "/v1/completions",
+        {
+            "model": MODEL_NAME,
+            "prompt": [5, 6, 7, 8],
+            "max_tokens": 3,
+            "request_id": "abc",
+            "return_token_ids": True,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "truncate_prompt_tokens": 2,
+        },
+    )
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert body["id"] == "cmpl-abc" and fake.prompts_seen[-1] == [7, 8]  # the last 2 prompt tokens
+    assert choice["prompt_token_ids"] == [7, 8] and choice["token_ids"] == [10, 11, 12]
+    assert choice["logprobs"]["tokens"] == ["token_id:10", "token_id:11", "token_id:12"]
+    tok = fake.tokenizer
+    for flag in (True, False):
+        status, body = post(
+            served,
+            "/v1/completions",
+            {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1, "add_special_tokens": flag},
+        )
+        assert status == 200 and fake.prompts_seen[-1] == tok.encode("hi", add_special_tokens=flag)

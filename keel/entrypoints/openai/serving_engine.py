@@ -359,7 +359,7 @@ class OpenAIServing:
             raise APIError(503, str(exc), code="engine_dead") from exc
         except (ValueError, TypeError) as exc:
             raise bad_request(str(exc), param_of(str(exc))) from exc
-        gen = Generation(self, req.request_id or rid, stream, choices, arrival)
+        gen = Generation(self, f"{prefix}-{req.request_id}" if req.request_id else rid, stream, choices, arrival)
         gen.keep = req.n if fan > req.n else None
         return gen
 
