@@ -12,6 +12,7 @@ inputs (parameters, generator, tokens seen so far), nothing of the engine's requ
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -135,11 +136,17 @@ def apply_penalties(
         logits[idx] -= frequency * counts + presence * (counts > 0)
 
 
+_BYTE_BITS = torch.tensor([[(b >> k) & 1 for k in range(8)] for b in range(256)], dtype=torch.bool)  # [256, 8]
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[R, ceil(V/32)] int32 (bit j of word w allows token 32w + j) -> [R, V] bool allowed."""
-    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = (bitmask[:, :, None] >> bits) & 1  # [R, W, 32]
-    return allowed.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+    """[R, ceil(V/32)] int32 (bit j of word w allows token 32w + j) -> [R, V] bool allowed: the words'
+    little-endian bytes index a 256-row table of their 8 bits."""
+    as_bytes = bitmask.contiguous().view(torch.uint8).long()  # [R, 4W], byte 4w + i holds tokens 32w + 8i ..
+    if sys.byteorder == "big":  # the table is indexed by little-endian bytes
+        as_bytes = as_bytes.view(bitmask.shape[0], -1, 4).flip(-1).reshape(bitmask.shape[0], -1)
+    bits = _BYTE_BITS.to(bitmask.device)[as_bytes]  # [R, 4W, 8]
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab]
 
 
 def apply_masks(

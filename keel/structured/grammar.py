@@ -83,8 +83,11 @@ class GrammarCompiler:
 
     def bitmask(self, matchers: list[Any]) -> torch.Tensor:
         """The allowed-token bitmask [len(matchers), ceil(V/32)] int32 of each matcher's next token."""
-        from llguidance.torch import fill_next_token_bitmask_par
-
-        mask = torch.full((len(matchers), (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
-        fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)], mask)
+        words = (self.vocab_size + 31) // 32
+        mask = torch.full((len(matchers), words), -1, dtype=torch.int32)
+        # what llguidance.torch.fill_next_token_bitmask_par does, without importing that module (it
+        # decorates a kernel with torch.compile at import time, which keel does not use)
+        self._executor.unsafe_compute_mask_ptr(
+            [(m, i) for i, m in enumerate(matchers)], mask.data_ptr(), words * 4, len(matchers)
+        )
         return mask
