@@ -244,3 +244,26 @@ def test_best_of_returns_the_highest_cumulative_logprob(served):
     best = client.completions.create(**kw, n=1, extra_body={"best_of": 3})
     assert best.choices[0].text == every.choices[max(range(3), key=sums.__getitem__)].text
     assert best.usage.completion_tokens == every.usage.completion_tokens  # all 3 candidates were generated
+
+
+def test_streamed_echo_scoring_equals_whole(served):
+    client = served.client()
+    kw = dict(model=MODEL_NAME, prompt=CONTEXT, echo=True, logprobs=2, max_tokens=0)
+    whole = client.completions.create(**kw).choices[0]
+    chunks = list(client.completions.create(**kw, stream=True))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs]
+    assert text == whole.text == CONTEXT and tokens == whole.logprobs.token_logprobs and tokens[0] is None
+
+
+def test_chat_prompt_logprobs_on_the_response(served):
+    import urllib.request
+
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "prompt_logprobs": 0}
+    req = urllib.request.Request(
+        served.base_url + "/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    out = json.loads(urllib.request.urlopen(req, timeout=30).read())
+    plp = out["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == out["usage"]["prompt_tokens"]
+    assert all(len(step) == 1 and next(iter(step.values()))["logprob"] <= 0 for step in plp[1:])  # k=0: the token only
