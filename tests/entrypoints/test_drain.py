@@ -80,8 +80,8 @@ class Proc:
         self.proc.wait(30)
 
 
-# a long stream: 16 choices x 100 tokens of the tiny model keep the engine busy for a while
-LONG = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100, "n": 16, "ignore_eos": True}
+# a stream long enough to be in flight at the signal: 8 choices x 48 tokens of the tiny model (seconds here)
+LONG = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 48, "n": 8, "ignore_eos": True}
 
 
 def run_drain(model: Path, shutdown_timeout: float) -> tuple[list[str], dict, int]:
@@ -109,7 +109,7 @@ def test_sigterm_lets_a_running_stream_finish(tiny_model):
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     finishes = [c["finish_reason"] for chunk in chunks for c in chunk.get("choices", []) if c.get("finish_reason")]
-    assert finishes == ["length"] * 16 and not any("error" in chunk for chunk in chunks)
+    assert finishes == ["length"] * 8 and not any("error" in chunk for chunk in chunks)
     assert code == 0
 
 
@@ -120,5 +120,5 @@ def test_sigterm_past_the_shutdown_timeout_ends_the_stream_with_an_error(tiny_mo
     last = json.loads(events[-2])
     assert last["error"]["code"] == "shutting_down" and "--shutdown-timeout" in last["error"]["message"]
     finishes = [c.get("finish_reason") for e in events[:-2] for c in json.loads(e).get("choices", [])]
-    assert finishes.count("length") < 16  # it was cut, not finished
+    assert finishes.count("length") < 8  # it was cut, not finished
     assert code == 0
