@@ -85,8 +85,13 @@ LONG = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 
 
 def run_drain(model: Path, shutdown_timeout: float) -> tuple[list[str], dict, int]:
+    """A non-streamed request and a stream in flight, then SIGTERM; what /health, a new request, the
+    stream and the non-streamed request got, and the exit status."""
     p = Proc(model, shutdown_timeout)
     try:
+        whole: list = []
+        sender = threading.Thread(target=lambda: whole.append(p.post("/v1/chat/completions", LONG)), daemon=True)
+        sender.start()
         events: list[str] = []
         first = threading.Event()
         reader = threading.Thread(target=p.stream, args=(LONG, events, first), daemon=True)
@@ -95,7 +100,9 @@ def run_drain(model: Path, shutdown_timeout: float) -> tuple[list[str], dict, in
         p.proc.send_signal(signal.SIGTERM)
         seen = {"health": p.health(), "new": p.post("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})}
         reader.join(120)
-        assert not reader.is_alive(), "the stream did not end"
+        sender.join(120)
+        assert not reader.is_alive() and not sender.is_alive(), "a request did not end"
+        seen["whole"] = whole[0]
         return events, seen, p.proc.wait(60)
     finally:
         p.kill()
@@ -110,6 +117,8 @@ def test_sigterm_lets_a_running_stream_finish(tiny_model):
     chunks = [json.loads(e) for e in events[:-1]]
     finishes = [c["finish_reason"] for chunk in chunks for c in chunk.get("choices", []) if c.get("finish_reason")]
     assert finishes == ["length"] * 8 and not any("error" in chunk for chunk in chunks)
+    status, body = seen["whole"]  # the non-streamed request finished too
+    assert status == 200 and [c["finish_reason"] for c in body["choices"]] == ["length"] * 8
     assert code == 0
 
 
@@ -121,4 +130,6 @@ def test_sigterm_past_the_shutdown_timeout_ends_the_stream_with_an_error(tiny_mo
     assert last["error"]["code"] == "shutting_down" and "--shutdown-timeout" in last["error"]["message"]
     finishes = [c.get("finish_reason") for e in events[:-2] for c in json.loads(e).get("choices", [])]
     assert finishes.count("length") < 8  # it was cut, not finished
+    status, body = seen["whole"]  # the non-streamed request: a 503 naming the shutdown
+    assert status == 503 and body["error"]["code"] == "shutting_down", body
     assert code == 0
