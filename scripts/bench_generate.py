@@ -8,6 +8,9 @@
         --prompt-len 1024 --new-tokens 64        # decode at batch 8 with ~1k tokens of context
     python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --second-turn 1024
         # time to first token of a conversation's second turn, keel with vs without prefix caching
+    python scripts/bench_generate.py --model /tmp/smollm2 --sampling --batch-sizes 8 --new-tokens 64
+        # decode cost of logprobs=5 / penalties / a JSON schema against plain requests, same run, alternating
+        # (the JSON variant needs a real tokenizer: a converted SmolLM2 folder, not --random-smollm2)
     git archive main | tar -x -C /tmp/keel_main && cp keel/*.so /tmp/keel_main/keel/
     python scripts/bench_generate.py ... --engines keel --threads 1 --cpu-time --keel-path /tmp/keel_main
         # another keel checkout, in CPU seconds of one thread (robust on an oversubscribed machine)
@@ -97,6 +100,79 @@ def run_second_turn(args: argparse.Namespace) -> dict:
     return rows
 
 
+SAMPLING_SCHEMA = {  # at least 12 strings: longer than --new-tokens 24, so every variant runs to max_tokens
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": {"type": "string", "maxLength": 16}, "minItems": 12}},
+    "required": ["items"],
+}
+
+
+def sampling_variants() -> dict:
+    """The per-request options --sampling compares (every variant samples at temperature 1, seeded)."""
+    from keel.engine.sampling_params import StructuredOutputsParams
+
+    return {
+        "plain": {},
+        "logprobs=5": {"logprobs": 5},
+        "penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1},
+        "json_schema": {"structured_outputs": StructuredOutputsParams(json=SAMPLING_SCHEMA)},
+    }
+
+
+def run_sampling(args: argparse.Namespace) -> None:
+    """Decode tokens/s per variant: the tokens after each request's first over the wall time after the
+    prefill step (the batch's largest time to first token), and process CPU tokens/s of the whole call.
+    Rounds alternate the variants' order; each ratio to plain is taken within a round, and the median over
+    rounds is reported."""
+    import statistics
+
+    from keel.engine import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, progress=False)
+    vocab = min(llm.config.vocab_size, llm.tokenizer.vocab_size)
+    variants = sampling_variants()
+    names = list(variants)
+    b = args.batch_sizes[0]
+
+    def params(name: str, seed: int) -> list:
+        return [
+            SamplingParams(
+                max_tokens=args.new_tokens, temperature=1.0, seed=seed + i, ignore_eos=True, **variants[name]
+            )
+            for i in range(b)
+        ]
+
+    for name in names:  # warm-up (and the grammar's first compile)
+        llm.generate(prompts_for(b, args.prompt_len, vocab, 1), params(name, 0))
+    decode: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    tokens: dict[str, list[int]] = {n: [] for n in names}
+    for r in range(args.repeats):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            prompts = prompts_for(b, args.prompt_len, vocab, 10 + r)  # the same prompts for every variant
+            t0, c0 = time.perf_counter(), time.process_time()
+            outs = llm.generate(prompts, params(name, 100 * r))
+            t1, c1 = time.perf_counter(), time.process_time()
+            n = sum(len(o.token_ids) for o in outs)
+            decode[name].append((n - b) / (t1 - t0 - max(o.ttft_s for o in outs)))
+            cpu[name].append(n / (c1 - c0))
+            tokens[name].append(n)
+    print(
+        f"model {args.model}, dtype {args.dtype}, batch {b}, prompt {args.prompt_len} tokens, up to "
+        f"{args.new_tokens} new tokens, {args.repeats} alternating rounds, torch threads {torch.get_num_threads()}"
+    )
+    print("| variant | tokens/call | decode tok/s (wall) | vs plain | whole call tok/s (CPU) | vs plain |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        rd = statistics.median(d / p for d, p in zip(decode[name], decode["plain"], strict=True))
+        rc = statistics.median(c / p for c, p in zip(cpu[name], cpu["plain"], strict=True))
+        print(
+            f"| {name} | {statistics.median(tokens[name]):.0f} | {statistics.median(decode[name]):.1f} | {rd:.3f} | "
+            f"{statistics.median(cpu[name]):.1f} | {rc:.3f} |"
+        )
+
+
 def run_keel(args: argparse.Namespace) -> dict:
     if args.keel_path:
         sys.path.insert(0, str(args.keel_path))
@@ -184,6 +260,11 @@ def main() -> None:
         metavar="TOKENS",
         help="instead: time to first token of a second turn after a TOKENS-long first one, prefix caching on vs off",
     )
+    p.add_argument(
+        "--sampling",
+        action="store_true",
+        help="instead: keel's decode tok/s with logprobs=5 / penalties / a JSON schema against plain requests",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
     p.add_argument("--cpu-time", action="store_true", help="keel: time phases in process CPU seconds, not wall")
     p.add_argument("--keel-path", type=Path, default=None, help="keel: import keel from this checkout instead")
@@ -202,6 +283,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args._worker:
         print(json.dumps(run_keel(args) if args._worker == "keel" else run_hf(args)))
+        return
+    if args.sampling:
+        run_sampling(args)
         return
     if args.second_turn:
         rows = run_second_turn(args)

@@ -80,6 +80,7 @@ class LLMEngine:
         self._inside = threading.Lock()  # held while a thread mutates the engine (see _exclusive)
         self._inside_thread: str | None = None
         self._grammars: GrammarCompiler | None = None  # built on the first structured request
+        self._grammars_lock = threading.Lock()  # make_sequence may run on another thread than step
         self._token_text: dict[int, str] = {}  # decoded_token of logprobs, one decode per token id
 
     @contextlib.contextmanager
@@ -162,11 +163,12 @@ class LLMEngine:
 
     def grammars(self) -> GrammarCompiler:
         """The structured-outputs compiler (llguidance), built on first use."""
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(
-                self.folder / "tokenizer.json", self.config.vocab_size, sorted(self.eos_token_ids)
-            )
-        return self._grammars
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(
+                    self.folder / "tokenizer.json", self.config.vocab_size, sorted(self.eos_token_ids)
+                )
+            return self._grammars
 
     def _check_token_ids(self, label: str, params: SamplingParams) -> None:
         vocab = self.config.vocab_size
