@@ -129,10 +129,11 @@ class LLMEngine:
             raise ValueError(f"{label} is empty after tokenization; expected at least one token")
         if min(ids) < 0 or max(ids) >= self.config.vocab_size:
             raise ValueError(f"{label} has token ids outside [0, {self.config.vocab_size}) (the vocabulary)")
-        if len(ids) >= limit:
+        room = limit if params.max_tokens == 0 else limit - 1  # a scoring request generates nothing
+        if len(ids) > room:
             raise ValueError(
                 f"{label} has {len(ids)} tokens; the model's context is {limit} tokens "
-                f"(max_position_embeddings), so at most {limit - 1} prompt tokens fit"
+                f"(max_position_embeddings), so at most {room} prompt tokens fit"
             )
         self._check_token_ids(label, params)
         max_len = min(len(ids) + params.max_tokens, limit)

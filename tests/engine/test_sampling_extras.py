@@ -155,3 +155,13 @@ def test_n_completions_and_best_of(llms):
     assert len(single.outputs) == 1 and single.outputs[0].token_ids == single.token_ids
     with pytest.raises(ValueError, match="stream needs n == 1"):
         llm.generate(PROMPT, SamplingParams(n=2), stream=lambda i, d: None)
+
+
+def test_scoring_request_may_fill_the_context(llms):
+    llm = llms("llama")
+    limit = llm.config.max_position_embeddings
+    ids = (llm.tokenizer.encode(PROMPT * 40) * 4)[:limit]
+    out = llm.generate([ids], SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
+    assert len(out.prompt_logprobs) == limit and out.token_ids == []
+    with pytest.raises(ValueError, match=f"at most {limit - 1} prompt tokens fit"):
+        llm.generate([ids], SamplingParams(max_tokens=1))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from keel.layers.sampler import apply_masks, apply_penalties, sample, unpack_bitmask
+from keel.layers.sampler import apply_masks, apply_min_p, apply_penalties, sample, unpack_bitmask
 
 
 @dataclass
@@ -99,6 +99,8 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_top():
     gen = torch.Generator().manual_seed(0)
     seen = {sample(logits, [P(temperature=1.0, min_p=0.2)], [gen], [[0]]).token_ids[0] for _ in range(300)}
     assert seen == {0, 1, 2}  # 0.08 < 0.2 * 0.5 = 0.1 is dropped; 0.12 stays
+    kept = apply_min_p(logits.repeat(2, 1), torch.tensor([0.2, 0.7]))
+    assert torch.isfinite(kept).tolist() == [[True, True, True, False], [True, False, False, False]]
 
 
 def test_logprobs_are_log_softmax_of_raw_logits_before_penalties():
