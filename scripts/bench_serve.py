@@ -2,6 +2,7 @@
 
     HF_HUB_OFFLINE=1 python scripts/bench_serve.py                       # keel's demo model, bf16
     HF_HUB_OFFLINE=1 python scripts/bench_serve.py --clients 1 8 --repeats 3
+    HF_HUB_OFFLINE=1 python scripts/bench_serve.py --skip-throughput --skip-prefix --logprobs 5 --json-schema
 
 Throughput: N concurrent streaming clients (default 1, 8, 32), each sending one of the prompts of
 scripts/bench_generate.py (random token ids, --prompt-len tokens, --new-tokens output tokens with
@@ -15,6 +16,12 @@ that an oversubscribed machine distorts least.
 Prefix caching: a chat of about --chat-tokens tokens (system + user turn), one answer, then a second user
 turn; the second turn's time to first token on a server with prefix caching against one started with
 --no-prefix-caching (fresh conversation per repeat, median of --repeats).
+
+Request features (--logprobs K, --json-schema): --feature-clients concurrent clients (default 8) against
+one server, alternating plain requests, requests with `logprobs: K`, and requests constrained by a JSON
+schema (`response_format` json_schema, the grammar engine), --repeats times; output tokens/s and the
+server's CPU seconds per 1k output tokens (best run of each), and their ratio to plain requests. Schema
+requests stop when the JSON is complete (no ignore_eos), so their rate is per token actually produced.
 
 OMP_WAIT_POLICY defaults to PASSIVE here (for this process and the server): on an oversubscribed machine,
 OpenMP's spinning worker threads made the offline loop on the main thread up to 10x slower than the same
@@ -57,6 +64,7 @@ class Timing:
     token_s: list[float] = field(default_factory=list)  # arrival of each event that carried text
     usage: dict | None = None
     text: str = ""
+    finish_reason: str | None = None
 
     @property
     def ttft_s(self) -> float:
@@ -100,6 +108,7 @@ async def stream(port: int, path: str, body: dict) -> Timing:
             if msg.get("usage"):
                 t.usage = msg["usage"]
             for c in msg.get("choices", []):
+                t.finish_reason = c.get("finish_reason") or t.finish_reason
                 piece = c.get("text") or (c.get("delta") or {}).get("content")
                 if piece:
                     t.token_s.append(now)
@@ -162,10 +171,26 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_run(port: int, prompts: list[list[int]], new_tokens: int, pid: int | None = None) -> dict:
+# what --json-schema asks for: a record with a list, so the output has room to be long
+BENCH_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "count": {"type": "integer"},
+    },
+    "required": ["title", "tags", "count"],
+}
+
+
+def server_run(
+    port: int, prompts: list[list[int]], new_tokens: int, pid: int | None = None, extra: dict | None = None
+) -> dict:
+    exact = not (extra and "response_format" in extra)  # a schema ends the output when the JSON is complete
+
     async def run() -> tuple[float, list[Timing]]:
         t0 = time.perf_counter()
-        body = {"model": "m", "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+        body = {"model": "m", "max_tokens": new_tokens, "temperature": 0, "ignore_eos": exact, **(extra or {})}
         timings = await asyncio.gather(*(stream(port, "/v1/completions", {**body, "prompt": p}) for p in prompts))
         return time.perf_counter() - t0, timings
 
@@ -173,10 +198,17 @@ def server_run(port: int, prompts: list[list[int]], new_tokens: int, pid: int | 
     wall, timings = asyncio.run(run())
     cpu = process_cpu_s(pid) - cpu0 if pid else float("nan")
     tokens = sum(t.usage["completion_tokens"] for t in timings)
-    assert tokens == len(prompts) * new_tokens, tokens
+    assert tokens == len(prompts) * new_tokens or not exact, tokens
+    if not exact:
+        import jsonschema
+
+        for t in timings:  # the constraint held (else the figure is void); a length-cut output is a prefix
+            if t.finish_reason == "stop":
+                jsonschema.validate(json.loads(t.text), BENCH_SCHEMA)
     gaps = [g for t in timings for g in t.gaps()]
     return {
         "tok_s": tokens / wall,
+        "tokens": tokens,
         "ttft": [t.ttft_s for t in timings],
         "itl": gaps,
         "cpu_per_ktok": 1e3 * cpu / tokens,
@@ -229,6 +261,9 @@ def main() -> None:
     p.add_argument("--chat-tokens", type=int, default=1000)
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-prefix", action="store_true")
+    p.add_argument("--logprobs", type=int, default=None, help="also time requests with logprobs: K")
+    p.add_argument("--json-schema", action="store_true", help="also time requests constrained by a JSON schema")
+    p.add_argument("--feature-clients", type=int, default=8)
     args = p.parse_args()
     if args.model is None:
         from keel.hf.resolve import DEFAULT_MODEL
@@ -282,6 +317,8 @@ def main() -> None:
                 f"| {1e3 * pct(srv['itl'], 0.99):.1f} |"
             )
         del llm
+    if args.logprobs is not None or args.json_schema:
+        feature_runs(args)
     if not args.skip_prefix:
         results = {}
         for label, extra in (("prefix caching", ()), ("no prefix caching", ("--no-prefix-caching",))):
@@ -298,6 +335,57 @@ def main() -> None:
             med[label] = statistics.median(r[0] for r in runs)
             print(f"| {label} | {runs[-1][1]} | {runs[-1][2]} | {1e3 * med[label]:.0f} |")
         print(f"speed-up of turn-2 TTFT with prefix caching: {med['no prefix caching'] / med['prefix caching']:.1f}x")
+
+
+def feature_runs(args: argparse.Namespace) -> None:
+    """Plain vs logprobs vs JSON-schema requests on one server, alternating, best of --repeats each."""
+    from keel.hf.config import read_config_json
+    from keel.hf.resolve import resolve_model
+
+    size = read_config_json(resolve_model(args.model, None) / "config.json")["vocab_size"]
+    variants: list[tuple[str, dict]] = [("plain", {})]
+    if args.logprobs is not None:
+        variants.append((f"logprobs {args.logprobs}", {"logprobs": args.logprobs}))
+    if args.json_schema:
+        schema = {"type": "json_schema", "json_schema": {"name": "record", "schema": BENCH_SCHEMA}}
+        variants.append(("json schema", {"response_format": schema}))
+    n = args.feature_clients
+    prompts = prompts_for(n, args.prompt_len, size)
+    proc, port = start_server(args)
+    best: dict[str, dict] = {}
+    cpu_runs: dict[str, list[float]] = {}  # CPU s per 1k tokens of every run: the median is the steadier figure
+    try:
+        for _label, extra in variants:  # warm-up (compiles the schema's grammar once: cached afterwards)
+            server_run(port, prompts[:1], 8, None, extra)
+        for r in range(args.repeats):
+            for label, extra in variants if r % 2 == 0 else variants[::-1]:
+                run = server_run(port, prompts, args.new_tokens, proc.pid, extra)
+                print(
+                    f"  {label}: {run['tok_s']:.1f} tok/s, {run['cpu_per_ktok']:.2f} CPU s per 1k tokens "
+                    f"({run['tokens']} tokens)",
+                    flush=True,
+                )
+                cpu_runs.setdefault(label, []).append(run["cpu_per_ktok"])
+                if label not in best or run["tok_s"] > best[label]["tok_s"]:
+                    best[label] = run
+    finally:
+        stop_server(proc)
+    plain = best["plain"]
+    med = {label: statistics.median(v) for label, v in cpu_runs.items()}
+    print(
+        f"\nrequest features, {n} clients, {args.new_tokens} max new tokens (tok/s: best of {args.repeats}; "
+        f"CPU s per 1k tokens: median of {args.repeats}):"
+    )
+    print(
+        "| requests | output tokens | server tok/s | vs plain | CPU s / 1k tok | vs plain |\n"
+        "|---|---:|---:|---:|---:|---:|"
+    )
+    for label, _ in variants:
+        b = best[label]
+        print(
+            f"| {label} | {b['tokens']} | {b['tok_s']:.1f} | {b['tok_s'] / plain['tok_s']:.2f} "
+            f"| {med[label]:.2f} | {med[label] / med['plain']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a Hugging Face checkpoint with an OpenAI-compatible API: POST /v1/completions, "
-        "POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics (Prometheus).",
+        "POST /v1/chat/completions, GET /v1/models, POST /tokenize, POST /detokenize, GET /version, GET /health, "
+        "GET /metrics (Prometheus). SIGTERM / SIGINT drain: /health 503, new requests 503, running ones get "
+        "--shutdown-timeout seconds.",
     )
     p.add_argument("--model", default=None, help="Hugging Face repo id or local folder (default: keel's demo model)")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
@@ -26,6 +28,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16"),
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=("none", "fp8"),
+        help="fp8: block-scaled FP8 weights for the linear layers (the engine's fp8 path; CUDA)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="prompt + completion tokens per request (default: the model's context; at most that)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -45,6 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share KV blocks between requests")
     p.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask for")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM / SIGINT: seconds running requests get to finish (default 30); streams still open "
+        "then end with an error chunk and [DONE]",
+    )
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
 
@@ -56,8 +77,13 @@ def run(args: argparse.Namespace) -> int:
         check_bind(args.host, args.api_key)
         if not 0 <= args.port < 65536:
             raise ValueError(f"keel serve: --port must be in [0, 65535], got {args.port}")
+        if args.shutdown_timeout < 0:
+            raise ValueError(f"keel serve: --shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
         limits = ServerLimits(
-            max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens_limit, max_waiting=args.max_waiting
+            max_body_bytes=args.max_body_bytes,
+            max_tokens=args.max_tokens_limit,
+            max_waiting=args.max_waiting,
+            max_model_len=args.max_model_len,
         )
         from keel.engine import LLMEngine
         from keel.hf.resolve import DEFAULT_MODEL
@@ -72,25 +98,29 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=args.max_num_seqs,
             max_kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
             enable_prefix_caching=not args.no_prefix_caching,
+            quantization=args.quantization,
         )
     except _EXPECTED_ERRORS as exc:
         msg = str(exc)
         print(msg if msg.startswith("keel serve") else f"keel serve: error: {msg}", file=sys.stderr)
         return 1
-    import uvicorn
+    from keel.entrypoints.openai.api_server import run_server
 
     name = args.served_model_name or model
     engine = make_async_engine(llm, limits, args.max_num_seqs)
     try:
-        app = build_app(engine, model_name=name, api_key=args.api_key, limits=limits)
+        try:
+            app = build_app(engine, model_name=name, api_key=args.api_key, limits=limits)
+        except ValueError as exc:
+            print(str(exc), file=sys.stderr)
+            return 1
         print(
             f"keel serve: {name} on http://{args.host}:{args.port}/v1 "
             f"({llm.config.architecture}, context {llm.config.max_position_embeddings})",
             file=sys.stderr,
         )
-        uvicorn.run(
-            app, host=args.host, port=args.port, log_level=args.log_level, lifespan="off", timeout_graceful_shutdown=5
+        return run_server(
+            app, host=args.host, port=args.port, log_level=args.log_level, shutdown_timeout_s=args.shutdown_timeout
         )
     finally:
         engine.shutdown()
-    return 0

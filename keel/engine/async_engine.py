@@ -48,6 +48,10 @@ class EngineDead(RuntimeError):
     """The engine thread has stopped; no request can be served."""
 
 
+class Drained(EngineDead):
+    """The server stopped waiting for this request while shutting down (`AsyncEngine.end_open`)."""
+
+
 @dataclass(slots=True)
 class _Add:
     ids: list[str]
@@ -165,6 +169,17 @@ class AsyncEngine(Generic[EngineT]):
             stream.close()
             raise
         return stream
+
+    def end_open(self, exc: BaseException) -> int:
+        """End every open stream with `exc` (its reader raises it, then closes it: the engine aborts the rest).
+
+        Event-loop side, for a drain that ran out of time; returns how many streams were ended."""
+        ended = 0
+        for stream in list(self._open):
+            if stream.unfinished:
+                stream.outputs.put_nowait(exc)
+                ended += 1
+        return ended
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Abort everything, stop the engine thread and wait for it."""

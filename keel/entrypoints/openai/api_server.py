@@ -1,8 +1,13 @@
 """The FastAPI app of `keel serve`, its guard middleware (API key, body size), and how it is run.
 
-`build_app` wires an `AsyncEngine` to the endpoint routers; `serve` runs it with uvicorn in the
-foreground (the CLI); `ServerThread` runs it on a free loopback port in a background thread (tests
-and benchmarks). Binding anywhere but loopback requires an API key (`check_bind`).
+`build_app` wires an `AsyncEngine` to the endpoint routers; `DrainingServer` runs it with uvicorn in
+the foreground (the CLI) and drains on SIGTERM / SIGINT (`drain`); `ServerThread` runs it on a free
+loopback port in a background thread (tests and benchmarks). Binding anywhere but loopback requires
+an API key (`check_bind`).
+
+Drain: /health answers 503 at once and new requests get 503 (the load balancer moves on), running
+requests get up to the shutdown timeout to finish; streams still open then end with an OpenAI error
+chunk and `data: [DONE]`, non-streamed ones with a 503, and the process exits 0.
 """
 
 from __future__ import annotations
@@ -23,15 +28,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from keel.engine.async_engine import AsyncEngine
+from keel.engine.async_engine import AsyncEngine, Drained
 from keel.entrypoints.openai.chat_completion.api_router import router as chat_router
 from keel.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from keel.entrypoints.openai.completion.api_router import router as completion_router
 from keel.entrypoints.openai.completion.serving import OpenAIServingCompletion
-from keel.entrypoints.openai.errors import APIError, install_handlers
+from keel.entrypoints.openai.errors import APIError, install_handlers, log
 from keel.entrypoints.openai.models.api_router import router as models_router
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
 from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, render_prometheus
+from keel.entrypoints.openai.tokenize.api_router import router as tokenize_router
 
 
 @dataclass(slots=True)
@@ -41,11 +47,14 @@ class ServerLimits:
     max_body_bytes: int = 1 << 20
     max_tokens: int = 4096  # per request (max_tokens / max_completion_tokens)
     max_waiting: int = 256  # requests queued beyond the engine's running batch before 503
+    max_model_len: int | None = None  # prompt + completion tokens; None: the model's context
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits: {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"ServerLimits: max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_waiting < 0:
             raise ValueError(f"ServerLimits: max_waiting must be >= 0, got {self.max_waiting}")
 
@@ -80,12 +89,19 @@ async def _send_error(send: Send, err: APIError) -> None:
 class Guard:
     """Pure ASGI middleware (streaming-safe): Bearer API key on /v1/*, and a request body size limit."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, serving: Any = None) -> None:
+        self.app, self.api_key, self.max_body_bytes, self.serving = app, api_key, max_body_bytes, serving
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self.serving is not None and self.serving.draining and scope["path"] not in ("/metrics", "/version"):
+            what = "draining" if scope["path"] == "/health" else "refusing new requests"
+            await _send_error(
+                send,
+                APIError(503, f"the server is shutting down ({what}); retry on another replica", code="shutting_down"),
+            )
             return
         headers = dict(scope.get("headers") or [])
         if self.api_key and scope["path"].startswith("/v1"):
@@ -132,9 +148,14 @@ def build_app(
     """The OpenAI-compatible app over a running `AsyncEngine` (whose `engine` is an `LLMEngine`)."""
     limits = limits or ServerLimits()
     llm = engine.engine
+    context = llm.config.max_position_embeddings
+    if limits.max_model_len is not None and limits.max_model_len > context:
+        raise ValueError(
+            f"keel serve: --max-model-len {limits.max_model_len} is larger than the model's context ({context} tokens)"
+        )
     cfg = ServingConfig(
         model_name=model_name,
-        max_model_len=llm.config.max_position_embeddings,
+        max_model_len=limits.max_model_len or context,
         vocab_size=llm.config.vocab_size,
         max_tokens_limit=limits.max_tokens,
     )
@@ -143,7 +164,7 @@ def build_app(
     serving = OpenAIServing(engine, llm.tokenizer, cfg)
     app.state.engine, app.state.serving, app.state.started = engine, serving, int(time.time())
     app.state.completion, app.state.chat = OpenAIServingCompletion(serving), OpenAIServingChat(serving)
-    for router in (completion_router, chat_router, models_router):
+    for router in (completion_router, chat_router, models_router, tokenize_router):
         app.include_router(router)
 
     @app.get("/health")
@@ -159,7 +180,78 @@ def build_app(
         text = render_prometheus(model_name, eng, raw.app.state.serving.stats)
         return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
 
-    return Guard(app, api_key, limits.max_body_bytes)  # type: ignore[return-value]
+    return Guard(app, api_key, limits.max_body_bytes, serving)  # type: ignore[return-value]
+
+
+async def drain(serving: OpenAIServing, timeout_s: float, poll_s: float = 0.05) -> int:
+    """Refuse new requests, give running ones `timeout_s` to finish, then end the rest; returns how many
+    were ended (their streams get an error chunk and `data: [DONE]`, the others a 503)."""
+    serving.draining = True
+    engine = serving.engine
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while engine.num_open and loop.time() < deadline:
+        await asyncio.sleep(poll_s)
+    if not engine.num_open:
+        return 0
+    ended = engine.end_open(
+        Drained(f"the server shut down before this request finished (it waited --shutdown-timeout {timeout_s:g} s)")
+    )
+    flush = loop.time() + 5.0  # the streams' readers send their error chunk and close
+    while engine.num_open and loop.time() < flush:
+        await asyncio.sleep(poll_s)
+    return ended
+
+
+def _uvicorn_server() -> type:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn whose first SIGTERM / SIGINT drains (`drain`) before it stops; a second one stops at once."""
+
+        def __init__(self, config: Any, serving: OpenAIServing, shutdown_timeout_s: float) -> None:
+            super().__init__(config)
+            self.serving, self.shutdown_timeout_s = serving, shutdown_timeout_s
+            self.draining = False
+            self.ended = 0
+            self._loop: asyncio.AbstractEventLoop | None = None
+
+        async def serve(self, sockets: Any = None) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # not uvicorn's handler: it would re-raise the signal after shutdown (exit status 143 or a
+            # KeyboardInterrupt) where a drained server exits 0
+            if self.draining or self._loop is None:
+                self.force_exit = self.draining
+                self.should_exit = True
+                return
+            self.draining = True
+            self.serving.draining = True  # /health 503 from now on, before the loop wakes
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+        async def _drain(self) -> None:
+            try:
+                self.ended = await drain(self.serving, self.shutdown_timeout_s)
+            finally:
+                self.should_exit = True
+
+    return DrainingServer
+
+
+def run_server(app: Any, *, host: str, port: int, log_level: str, shutdown_timeout_s: float = 30.0) -> int:
+    """Serve in the foreground until SIGTERM / SIGINT, drain, and return the exit status (0)."""
+    import uvicorn
+
+    guard = app
+    serving = guard.serving
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5)
+    server = _uvicorn_server()(config, serving, shutdown_timeout_s)
+    server.run()
+    if server.ended:
+        log.warning("keel serve: ended %d request(s) still running at the shutdown timeout", server.ended)
+    return 0
 
 
 def make_async_engine(llm: Any, limits: ServerLimits, max_num_seqs: int) -> AsyncEngine:

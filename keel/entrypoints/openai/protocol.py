@@ -1,13 +1,16 @@
 """Pydantic models shared by the endpoints: the request base, sampling fields, usage, errors.
 
-Requests mirror OpenAI's schema. Unknown fields are refused (400, as OpenAI does); fields keel
-accepts but does not act on (`user`, `metadata`, ...) are listed; fields whose non-default values
-keel cannot honour (`logprobs`, `tools`, penalties, ...) are accepted only at their defaults, so a
-client never silently gets something other than what it asked for.
+Requests mirror OpenAI's schema plus vLLM's extension fields (same names, same meaning). Unknown
+fields are refused (400, as OpenAI and vLLM do); fields keel accepts but does not act on (`user`,
+`metadata`, ...) are listed as such; fields keel cannot honour (`use_beam_search`, `suffix`, ...)
+are accepted only at their defaults and refused otherwise with the reason (`REFUSED`), so a
+client never silently gets something other than what it asked for. README "Request fields" lists
+every field with its status.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, ClassVar, Literal
 
@@ -15,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_N = 16  # choices per request
 MAX_STOP = 16  # stop strings per request
+MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's and vLLM's default limit)
 
 
 class OpenAIBaseModel(BaseModel):
@@ -27,15 +31,46 @@ class ResponseModel(BaseModel):
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM: usage in every chunk (needs include_usage)
     include_obfuscation: bool | None = None  # accepted, ignored (keel adds no obfuscation padding)
+
+
+class StructuredOutputsRequest(OpenAIBaseModel):
+    """vLLM's `structured_outputs` object (exactly one constraint)."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 def _is_default(value: Any) -> bool:
     return value in (None, False, 0, 0.0, [], {}, "none", "auto") or value == {"type": "text"}
 
 
+# vLLM (or OpenAI) fields keel refuses at non-default values, with the reason given to the client
+REFUSED_COMMON: dict[str, str] = {
+    "use_beam_search": "keel has no beam search",
+    "length_penalty": "it applies to beam search, which keel does not have",
+    "priority": "keel schedules first come, first served (no priority scheduling)",
+    "logits_processors": "keel runs no user-supplied logits processors",
+    "cache_salt": "keel's prefix cache has no per-request salt",
+    "kv_transfer_params": "keel has no KV transfer (disaggregated prefill)",
+    "vllm_xargs": "keel takes no extra engine arguments per request",
+    "guided_whitespace_pattern": "keel's grammar engine uses its default whitespace rule",
+}
+
+
 class SamplingRequest(OpenAIBaseModel):
-    """The sampling / stopping fields of both endpoints, with OpenAI's defaults and ranges."""
+    """The sampling / stopping fields of both endpoints, with OpenAI's and vLLM's defaults and ranges."""
 
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -45,7 +80,11 @@ class SamplingRequest(OpenAIBaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
     # accepted and ignored: they change nothing about the output
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -53,23 +92,51 @@ class SamplingRequest(OpenAIBaseModel):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # not supported: only their defaults are accepted
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
-    # keel / vLLM extensions
+    # vLLM's sampling extensions
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
     top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
+    min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
+    request_id: str | None = Field(default=None, min_length=1, max_length=128)
+    # vLLM's structured outputs (the guided_* names are its older spelling)
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    # vLLM fields keel refuses at non-default values (REFUSED_COMMON says why)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    priority: int = 0
+    logits_processors: list[Any] | None = None
+    cache_salt: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("frequency_penalty", "presence_penalty", "logit_bias", "logprobs")
+    REFUSED: ClassVar[dict[str, str]] = REFUSED_COMMON
 
     @model_validator(mode="after")
     def _check(self) -> SamplingRequest:
-        for name in self.UNSUPPORTED:
-            if not _is_default(getattr(self, name)):
-                raise ValueError(f"{name} is not supported by keel serve (only its default is accepted)")
+        for name, reason in self.REFUSED.items():
+            value = getattr(self, name)
+            if name == "length_penalty" and value == 1.0:
+                continue
+            if not _is_default(value):
+                raise ValueError(f"{name} is not supported by keel serve: {reason} (only its default is accepted)")
         stops = self.stop_list
         if len(stops) > MAX_STOP:
             raise ValueError(f"stop takes at most {MAX_STOP} strings, got {len(stops)}")
@@ -77,6 +144,20 @@ class SamplingRequest(OpenAIBaseModel):
             raise ValueError("stop strings must be non-empty")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        so = self.stream_options
+        if so is not None and so.continuous_usage_stats and not so.include_usage:
+            raise ValueError("stream_options.continuous_usage_stats needs stream_options.include_usage: true")
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (decimal strings), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of must be >= n, got best_of={self.best_of} and n={self.n}")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise ValueError("best_of > n is not allowed with stream: true (the best are known only at the end)")
+        if self.guided_decoding_backend not in (None, "auto", "xgrammar", "guidance", "outlines"):
+            raise ValueError(f"guided_decoding_backend {self.guided_decoding_backend!r} is not a known backend")
         return self
 
     @property
@@ -88,6 +169,71 @@ class SamplingRequest(OpenAIBaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(
+            self.stream_options and self.stream_options.include_usage and self.stream_options.continuous_usage_stats
+        )
+
+    def structured_sources(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every constraint the request sets, as (field name, StructuredOutputsParams kwargs)."""
+        found: list[tuple[str, dict[str, Any]]] = []
+        rf = self.response_format
+        if rf is not None:
+            kind = rf.get("type")
+            if kind == "json_object":
+                found.append(("response_format", {"json_object": True}))
+            elif kind == "json_schema":
+                spec = rf.get("json_schema")
+                if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                    raise ValueError("response_format.json_schema must be an object with a `schema` object")
+                found.append(("response_format", {"json": spec.get("schema", {})}))
+            elif kind != "text":
+                raise ValueError(
+                    f"response_format.type must be one of text, json_object, json_schema; got {kind!r}"
+                    + (" (structural tags are not supported by keel serve)" if kind == "structural_tag" else "")
+                )
+        so = self.structured_outputs
+        if so is not None:
+            for name in ("structural_tag", "whitespace_pattern"):
+                if getattr(so, name) is not None:
+                    raise ValueError(f"structured_outputs.{name} is not supported by keel serve")
+            for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+                if getattr(so, name):
+                    raise ValueError(f"structured_outputs.{name} is not supported by keel serve")
+            kw = {
+                k: v
+                for k, v in (
+                    ("json", so.json_),
+                    ("regex", so.regex),
+                    ("choice", so.choice),
+                    ("grammar", so.grammar),
+                    ("json_object", so.json_object or None),
+                )
+                if v is not None
+            }
+            if len(kw) != 1:
+                raise ValueError(
+                    "structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                    f"got {sorted(kw) or 'none'}"
+                )
+            found.append(("structured_outputs", kw))
+        for name, key in (
+            ("guided_json", "json"),
+            ("guided_regex", "regex"),
+            ("guided_choice", "choice"),
+            ("guided_grammar", "grammar"),
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                if name == "guided_json" and isinstance(value, str):
+                    try:
+                        value = json.loads(value)
+                    except json.JSONDecodeError as exc:
+                        raise ValueError(f"guided_json is not valid JSON: {exc}") from exc
+                found.append((name, {key: value}))
+        return found
 
 
 class UsageInfo(ResponseModel):

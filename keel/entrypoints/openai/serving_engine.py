@@ -22,12 +22,49 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from keel.engine.async_engine import AsyncEngine, EngineDead, Overloaded, RequestStream
+from keel.engine.async_engine import AsyncEngine, Drained, EngineDead, Overloaded, RequestStream
 from keel.entrypoints.openai.errors import APIError, bad_request, log
+from keel.entrypoints.openai.logprobs import cumulative
 from keel.entrypoints.openai.protocol import SamplingRequest, UsageInfo
 from keel.entrypoints.openai.stats import ServerStats
 
 _SEED_SPAN = 2**64
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+# request field -> (SamplingParams field, its "off" value): passed on only when set, refused when the
+# engine's SamplingParams lacks the field (an engine without the feature never silently ignores it)
+_ENGINE_FIELDS: dict[str, tuple[str, Any]] = {
+    "min_p": ("min_p", 0.0),
+    "presence_penalty": ("presence_penalty", 0.0),
+    "frequency_penalty": ("frequency_penalty", 0.0),
+    "logit_bias": ("logit_bias", None),
+    "allowed_token_ids": ("allowed_token_ids", None),
+    "bad_words": ("bad_words", None),
+    "stop_token_ids": ("stop_token_ids", None),
+    "include_stop_str_in_output": ("include_stop_str_in_output", False),
+    "min_tokens": ("min_tokens", 0),
+    "logprobs": ("logprobs", None),
+    "prompt_logprobs": ("prompt_logprobs", None),
+    "skip_special_tokens": ("skip_special_tokens", True),
+    "spaces_between_special_tokens": ("spaces_between_special_tokens", True),
+    "structured_outputs": ("structured_outputs", None),
+}
+
+
+def engine_has(name: str) -> bool:
+    """Whether the installed engine's SamplingParams has this field."""
+    from keel.engine.sampling_params import SamplingParams
+
+    return name in SamplingParams.__dataclass_fields__
+
+
+def param_of(message: str) -> str | None:
+    """The field an engine error names: "SamplingParams: top_p must ..." -> "top_p"."""
+    for prefix in ("SamplingParams: ", "structured_outputs."):
+        if message.startswith(prefix):
+            word = message[len(prefix) :].split(" ", 1)[0].split(":", 1)[0].strip("`'\",")
+            return "structured_outputs" if prefix.startswith("structured") else word or None
+    return None
 
 
 class ClientGone(Exception):
@@ -41,11 +78,15 @@ class Choice:
     index: int
     prompt_index: int
     prompt_tokens: int
+    prompt_token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)
     completion_tokens: int = 0
     cached_tokens: int = 0
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
     last_token_s: float | None = None
+    logprobs: list[dict[int, Any]] = field(default_factory=list)  # one {token id: Logprob} per output token
+    prompt_logprobs: list[dict[int, Any] | None] | None = None  # element 0 is None
 
 
 @dataclass
@@ -58,6 +99,8 @@ class Generation:
     choices: dict[str, Choice]
     arrival_s: float
     created: int = field(default_factory=lambda: int(time.time()))
+    keep: int | None = None  # best_of > n: keep the n candidates of highest cumulative logprob per prompt
+    _best: list[Choice] | None = None
 
     async def outputs(self) -> AsyncIterator[tuple[Choice, Any]]:
         """(choice, engine output) pairs, after updating the choice and the server statistics."""
@@ -72,7 +115,12 @@ class Generation:
                     stats.itl_s.observe(now - choice.last_token_s)
                 choice.last_token_s = now
             choice.text = out.text
+            choice.token_ids = out.token_ids
             choice.completion_tokens = len(out.token_ids)
+            if out.logprobs is not None:
+                choice.logprobs = out.logprobs
+            if out.prompt_logprobs is not None:
+                choice.prompt_logprobs = out.prompt_logprobs
             choice.cached_tokens = out.num_cached_tokens or 0
             if out.finished:
                 if out.finish_reason != "stop" and out.finish_reason != "length":
@@ -99,7 +147,21 @@ class Generation:
         )
 
     def ordered(self) -> list[Choice]:
-        return sorted(self.choices.values(), key=lambda c: c.index)
+        """The choices in index order; with best_of > n, the n best of each prompt, re-indexed."""
+        every = sorted(self.choices.values(), key=lambda c: c.index)
+        if self.keep is None:
+            return every
+        if self._best is not None:
+            return self._best
+        out: list[Choice] = []
+        for p in sorted({c.prompt_index for c in every}):
+            cands = [c for c in every if c.prompt_index == p]
+            cands.sort(key=lambda c: (-cumulative(c.token_ids, c.logprobs), c.index))
+            for rank, c in enumerate(cands[: self.keep]):
+                c.index = p * self.keep + rank
+                out.append(c)
+        self._best = out  # usage still counts every candidate's tokens (they were all generated)
+        return out
 
     def close(self) -> None:
         self.stream.close()
@@ -121,6 +183,7 @@ class OpenAIServing:
     def __init__(self, engine: AsyncEngine, tokenizer: Any, config: ServingConfig) -> None:
         self.engine, self.tokenizer, self.config = engine, tokenizer, config
         self.stats = ServerStats()  # what the HTTP layer counts (event-loop side only)
+        self.draining = False  # set on SIGTERM / SIGINT: new requests get 503
 
     def check_model(self, req: SamplingRequest) -> None:
         if req.model != self.config.model_name:
@@ -159,14 +222,55 @@ class OpenAIServing:
         room = ctx - prompt_len
         return min(cap, room) if default is None else min(default, cap, room)
 
-    def sampling_params(self, req: SamplingRequest, max_tokens: int, choice: int) -> Any:
+    def check_token_list(self, ids: list[int] | None, field_name: str) -> None:
+        vocab = self.config.vocab_size
+        bad = [t for t in ids or [] if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(
+                f"{field_name} has token ids outside [0, {vocab}) (the vocabulary): {bad[:8]}", field_name
+            )
+
+    def structured(self, req: SamplingRequest, extra: list[tuple[str, dict[str, Any]]] | None = None) -> Any:
+        """The request's one output constraint as StructuredOutputsParams (None: unconstrained)."""
+        try:
+            sources = req.structured_sources() + list(extra or [])
+        except ValueError as exc:
+            raise bad_request(str(exc), "response_format") from exc
+        if not sources:
+            return None
+        if len(sources) > 1:
+            names = ", ".join(name for name, _ in sources)
+            raise bad_request(f"one output constraint per request; this one sets {names}", sources[1][0])
+        name, kwargs = sources[0]
+        try:
+            from keel.engine.sampling_params import StructuredOutputsParams
+        except ImportError as exc:
+            raise bad_request(
+                f"{name} is not supported by this keel build (its engine has no structured outputs)", name
+            ) from exc
+        try:
+            return StructuredOutputsParams(**kwargs)
+        except (ValueError, TypeError) as exc:
+            raise bad_request(f"{name}: {exc}", name) from exc
+
+    def sampling_params(
+        self,
+        req: SamplingRequest,
+        max_tokens: int,
+        choice: int,
+        *,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        structured: Any = None,
+    ) -> Any:
+        """The engine's SamplingParams of one choice; a field the engine lacks is a 400 naming it."""
         from keel.engine import SamplingParams
 
         seed = req.seed
         if seed is not None and choice:
             seed = (seed + choice) % _SEED_SPAN  # distinct, reproducible seeds per choice
         top_k = req.top_k or 0
-        return SamplingParams(
+        kwargs: dict[str, Any] = dict(
             max_tokens=max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
@@ -176,29 +280,76 @@ class OpenAIServing:
             stop=req.stop_list,
             ignore_eos=req.ignore_eos,
         )
+        wanted: dict[str, Any] = {
+            "min_p": req.min_p or 0.0,
+            "presence_penalty": req.presence_penalty or 0.0,
+            "frequency_penalty": req.frequency_penalty or 0.0,
+            "logit_bias": {int(k): float(v) for k, v in req.logit_bias.items()} if req.logit_bias else None,
+            "allowed_token_ids": req.allowed_token_ids,
+            "bad_words": req.bad_words or None,
+            "stop_token_ids": req.stop_token_ids or None,
+            "include_stop_str_in_output": req.include_stop_str_in_output,
+            "min_tokens": req.min_tokens,
+            "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs,
+            "skip_special_tokens": req.skip_special_tokens,
+            "spaces_between_special_tokens": req.spaces_between_special_tokens,
+            "structured_outputs": structured,
+        }
+        for name, value in wanted.items():
+            target, off = _ENGINE_FIELDS[name]
+            if value == off or (off is None and value is None):
+                continue
+            if not engine_has(target):
+                raise bad_request(
+                    f"{name} is not supported by this keel build (the engine's SamplingParams has no {target})", name
+                )
+            kwargs[target] = value
+        try:
+            return SamplingParams(**kwargs)
+        except (ValueError, TypeError) as exc:
+            raise bad_request(str(exc), param_of(str(exc))) from exc
+
+    def truncate(self, req: SamplingRequest, ids: list[int]) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: the model's context)."""
+        k = req.truncate_prompt_tokens
+        if k is None:
+            return ids
+        k = self.config.max_model_len if k == -1 else k
+        if k < 1:
+            raise bad_request("truncate_prompt_tokens must be -1 or >= 1", "truncate_prompt_tokens")
+        return ids[-k:]
 
     async def start(
-        self, prefix: str, req: SamplingRequest, prompts: list[list[int]], max_tokens: list[int]
+        self,
+        prefix: str,
+        req: SamplingRequest,
+        prompts: list[list[int]],
+        params_of: Callable[[int, int], Any],
     ) -> Generation:
-        """Admit one sub-request per prompt x choice; map admission and engine errors to API errors."""
+        """Admit one sub-request per prompt x candidate (best_of or n); map admission and engine errors."""
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another replica", code="shutting_down")
         arrival = time.perf_counter()
         rid = f"{prefix}-{uuid.uuid4().hex}"
+        fan = req.best_of or req.n
         ids, prompt_ids, params, choices = [], [], [], {}
-        for p, (ptoks, mt) in enumerate(zip(prompts, max_tokens, strict=True)):
-            for j in range(req.n):
-                index = p * req.n + j
+        for p, ptoks in enumerate(prompts):
+            for j in range(fan):
+                index = p * fan + j
                 sub = f"{rid}-{index}"
                 ids.append(sub)
                 prompt_ids.append(ptoks)
-                params.append(self.sampling_params(req, mt, j))
-                choices[sub] = Choice(index=index, prompt_index=p, prompt_tokens=len(ptoks))
+                params.append(params_of(p, j))
+                choices[sub] = Choice(index=index, prompt_index=p, prompt_tokens=len(ptoks), prompt_token_ids=ptoks)
         bound = self.engine.max_admitted
         if len(ids) > bound:  # 503 would say "retry later" to a request no retry can ever get admitted
+            what = f"n={req.n}" if fan == req.n else f"best_of={fan}"
             raise bad_request(
-                f"this request asks for {len(ids)} sequences ({len(prompts)} prompt(s) x n={req.n}); this "
+                f"this request asks for {len(ids)} sequences ({len(prompts)} prompt(s) x {what}); this "
                 f"server admits at most {bound} at once (--max-num-seqs + --max-waiting): lower n or send "
                 f"fewer prompts per request",
-                "n",
+                "n" if fan == req.n else "best_of",
             )
         try:
             stream = await self.engine.open(ids, prompt_ids, params)
@@ -207,8 +358,10 @@ class OpenAIServing:
         except EngineDead as exc:
             raise APIError(503, str(exc), code="engine_dead") from exc
         except (ValueError, TypeError) as exc:
-            raise bad_request(str(exc)) from exc
-        return Generation(self, rid, stream, choices, arrival)
+            raise bad_request(str(exc), param_of(str(exc))) from exc
+        gen = Generation(self, f"{prefix}-{req.request_id}" if req.request_id else rid, stream, choices, arrival)
+        gen.keep = req.n if fan > req.n else None
+        return gen
 
     async def respond(
         self,
@@ -225,6 +378,8 @@ class OpenAIServing:
             await self.collect(raw, gen)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it: the client is gone
+        except EngineDead as exc:  # the engine stopped, or a drain ran out of time
+            raise APIError(503, str(exc), code="shutting_down" if isinstance(exc, Drained) else "engine_dead") from exc
         return JSONResponse(body().model_dump())
 
     async def collect(self, raw: Request, gen: Generation) -> None:
@@ -284,8 +439,9 @@ async def guarded_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
     except APIError as exc:
         yield sse(exc.body())
         yield SSE_DONE
-    except EngineDead as exc:
-        yield sse(APIError(503, str(exc)).body())
+    except EngineDead as exc:  # the engine stopped, or a drain ran out of time
+        code = "shutting_down" if isinstance(exc, Drained) else "engine_dead"
+        yield sse(APIError(503, str(exc), code=code).body())
         yield SSE_DONE
     except Exception as exc:  # the engine failed mid-request: tell the client in the stream
         log.exception("keel serve: engine error while streaming")

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal, cast
 
 from pydantic import Field, model_validator
 
-from keel.entrypoints.openai.protocol import ResponseModel, SamplingRequest, UsageInfo
+from keel.entrypoints.openai.protocol import MAX_LOGPROBS, ResponseModel, SamplingRequest, UsageInfo
 
 MAX_PROMPTS = 64  # prompts in one request
 
@@ -16,9 +16,15 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool | None = False
     suffix: str | None = None
-    best_of: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_special_tokens: bool = True
+    prompt_embeds: Any = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = SamplingRequest.UNSUPPORTED + ("echo", "suffix")
+    REFUSED: ClassVar[dict[str, str]] = {
+        **SamplingRequest.REFUSED,
+        "suffix": "keel has no fill-in-the-middle (insert) mode",
+        "prompt_embeds": "keel takes token or text prompts only",
+    }
 
     @model_validator(mode="after")
     def _check_prompt(self) -> CompletionRequest:
@@ -29,8 +35,8 @@ class CompletionRequest(SamplingRequest):
             raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("prompt must not be empty (no empty string or token list)")
-        if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of is not supported by keel serve (only best_of == n is accepted)")
+        if self.max_tokens == 0 and not self.echo and self.prompt_logprobs is None:
+            raise ValueError("max_tokens: 0 is only allowed with echo: true or prompt_logprobs (a scoring request)")
         return self
 
     @property
@@ -49,6 +55,7 @@ class CompletionChoice(ResponseModel):
     text: str
     logprobs: Any = None
     finish_reason: Literal["stop", "length"] | None = None
+    prompt_logprobs: Any = None  # vLLM: per prompt token null or {id: {logprob, rank, decoded_token}}
 
 
 class CompletionResponse(ResponseModel):

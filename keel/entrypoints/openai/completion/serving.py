@@ -1,8 +1,14 @@
-"""`/v1/completions`: tokenize the prompt(s), run them, answer whole or as SSE chunks."""
+"""`/v1/completions`: tokenize the prompt(s), run them, answer whole or as SSE chunks.
+
+`echo` puts the prompt's text (and, with `logprobs`, its tokens and their logprobs from the prefill:
+the first one null) before the completion; `max_tokens: 0` with `echo` is a scoring request (prefill
+only), the shape evaluation harnesses use for loglikelihood scoring.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -13,7 +19,9 @@ from keel.entrypoints.openai.completion.protocol import (
     CompletionResponse,
     CompletionStreamResponse,
 )
-from keel.entrypoints.openai.serving_engine import SSE_DONE, Generation, OpenAIServing, sse
+from keel.entrypoints.openai.errors import bad_request
+from keel.entrypoints.openai.logprobs import completion_logprobs, vllm_prompt_logprobs
+from keel.entrypoints.openai.serving_engine import SSE_DONE, Choice, Generation, OpenAIServing, sse
 
 
 class OpenAIServingCompletion:
@@ -24,47 +32,148 @@ class OpenAIServingCompletion:
         s = self.serving
         s.check_model(req)
         prompts: list[list[int]] = []
+        texts: list[str] = []
         for i, p in enumerate(req.prompts):
             if isinstance(p, str):
-                ids = s.tokenizer.encode(p)
+                ids = s.tokenizer.encode(p, add_special_tokens=req.add_special_tokens)
+                if not ids:
+                    raise bad_request(f"prompt {i} tokenizes to no tokens", "prompt")
             else:
                 ids = list(p)
                 s.check_prompt_ids(ids, f"prompt {i}")
+            ids = s.truncate(req, ids)
             prompts.append(ids)
+            texts.append(p if isinstance(p, str) and req.truncate_prompt_tokens is None else s.tokenizer.decode(ids))
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            s.check_token_list(getattr(req, name), name)
+        s.check_token_list([int(k) for k in req.logit_bias or {}], "logit_bias")
         max_tokens = [s.max_tokens_for(req, req.max_tokens, len(ids), default=16) for ids in prompts]
-        gen = await s.start("cmpl", req, prompts, max_tokens)
+        logprobs = req.logprobs
+        if req.best_of is not None and req.best_of > req.n and logprobs is None:
+            logprobs = 0  # ranking candidates needs their tokens' logprobs
+        prompt_lp = req.prompt_logprobs
+        if req.echo and req.logprobs is not None:
+            prompt_lp = max(req.logprobs, prompt_lp or 0)
+        if req.max_tokens == 0 and prompt_lp is None:
+            prompt_lp = 0  # echo without logprobs: the engine's scoring path (prefill only)
+        structured = s.structured(req)
+        gen = await s.start(
+            "cmpl",
+            req,
+            prompts,
+            lambda p, j: s.sampling_params(
+                req, max_tokens[p], j, logprobs=logprobs, prompt_logprobs=prompt_lp, structured=structured
+            ),
+        )
         return await s.respond(
             raw,
             req,
             gen,
-            lambda: self._events(req, gen),
+            lambda: self._events(req, gen, texts),
             lambda: CompletionResponse(
                 id=gen.request_id,
                 created=gen.created,
                 model=req.model,
-                choices=[
-                    CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason) for c in gen.ordered()
-                ],
+                choices=[self._choice(req, c, texts[c.prompt_index]) for c in gen.ordered()],
                 usage=gen.usage(),
             ),
         )
 
-    async def _events(self, req: CompletionRequest, gen: Generation) -> AsyncIterator[str]:
-        rid = gen.request_id
-        usage = {"usage": None} if req.include_usage else {}
-        async for choice, out in gen.outputs():
-            if not out.delta_text and not out.finished:
-                continue  # a token that completes no character yet (or held back for a stop string)
-            chunk = CompletionStreamResponse(
-                id=rid,
-                created=gen.created,
-                model=req.model,
-                choices=[CompletionChoice(index=choice.index, text=out.delta_text, finish_reason=choice.finish_reason)],
-                **usage,  # type: ignore[arg-type]  # usage: null only when include_usage (the field set)
+    def _extras(self, req: CompletionRequest, c: Choice) -> dict[str, Any]:
+        extras: dict[str, Any] = {}
+        if req.prompt_logprobs is not None:
+            extras["prompt_logprobs"] = vllm_prompt_logprobs(c.prompt_logprobs)
+        if req.return_token_ids:
+            extras["prompt_token_ids"] = c.prompt_token_ids
+            extras["token_ids"] = c.token_ids
+        return extras
+
+    def _prompt_part(self, req: CompletionRequest, c: Choice) -> tuple[dict[str, Any] | None, int]:
+        """The echoed prompt's logprobs (when asked) and the text offset after it."""
+        if req.logprobs is None:
+            return None, 0
+        steps = c.prompt_logprobs or [None] * len(c.prompt_token_ids)
+        return completion_logprobs(
+            c.prompt_token_ids, steps, req.logprobs, self.serving.tokenizer, 0, bool(req.return_tokens_as_token_ids)
+        )
+
+    def _choice(self, req: CompletionRequest, c: Choice, prompt_text: str) -> CompletionChoice:
+        text, logprobs = c.text, None
+        if req.logprobs is not None:
+            offset, head = 0, None
+            if req.echo:
+                head, offset = self._prompt_part(req, c)
+            tail, _ = completion_logprobs(
+                c.token_ids,
+                list(c.logprobs),
+                req.logprobs,
+                self.serving.tokenizer,
+                offset,
+                bool(req.return_tokens_as_token_ids),
             )
-            yield sse(chunk)
+            logprobs = _join(head, tail)
+        if req.echo:
+            text = prompt_text + text
+        return CompletionChoice(
+            index=c.index, text=text, logprobs=logprobs, finish_reason=_finish(c), **self._extras(req, c)
+        )
+
+    async def _events(self, req: CompletionRequest, gen: Generation, texts: list[str]) -> AsyncIterator[str]:
+        rid = gen.request_id
+        offsets: dict[int, int] = {}  # choice -> text offset of its next token
+        echoed: set[int] = set()
+        as_ids = bool(req.return_tokens_as_token_ids)
+
+        def chunk(choice: CompletionChoice) -> str:
+            usage: dict[str, Any] = {}
+            if req.include_usage:
+                usage["usage"] = gen.usage() if req.continuous_usage else None
+            return sse(
+                CompletionStreamResponse(id=rid, created=gen.created, model=req.model, choices=[choice], **usage)
+            )
+
+        async for c, out in gen.outputs():
+            text, logprobs = out.delta_text, None
+            extras: dict[str, Any] = {}
+            if c.index not in echoed:  # the first output of a choice: the echoed prompt, vLLM's prompt_logprobs
+                echoed.add(c.index)
+                extras = self._extras(req, c)
+                extras.pop("token_ids", None)
+                if req.echo:
+                    text = texts[c.prompt_index] + text
+                    head, offsets[c.index] = self._prompt_part(req, c)
+                    logprobs = head
+            if req.logprobs is not None and out.new_token_ids:
+                new = list(out.new_logprobs or [])
+                tail, offsets[c.index] = completion_logprobs(
+                    out.new_token_ids, new, req.logprobs, self.serving.tokenizer, offsets.get(c.index, 0), as_ids
+                )
+                logprobs = _join(logprobs, tail)
+            if req.return_token_ids and out.new_token_ids:
+                extras["token_ids"] = out.new_token_ids
+            if not text and not out.finished and logprobs is None and not extras:
+                continue  # a token that completes no character yet (or held back for a stop string)
+            yield chunk(
+                CompletionChoice(
+                    index=c.index,
+                    text=text,
+                    logprobs=logprobs if req.logprobs is not None else None,
+                    finish_reason=_finish(c) if out.finished else None,
+                    **extras,
+                )
+            )
         if req.include_usage:
             yield sse(
                 CompletionStreamResponse(id=rid, created=gen.created, model=req.model, choices=[], usage=gen.usage())
             )
         yield SSE_DONE
+
+
+def _finish(c: Choice) -> Any:
+    return "length" if c.finish_reason == "length" else c.finish_reason
+
+
+def _join(head: dict[str, Any] | None, tail: dict[str, Any]) -> dict[str, Any]:
+    if head is None:
+        return tail
+    return {k: head[k] + tail[k] for k in tail}

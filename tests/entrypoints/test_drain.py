@@ -1,0 +1,135 @@
+"""Graceful drain of `keel serve` as a process: SIGTERM with a stream in flight. /health turns 503 at once,
+new requests get 503, the running stream finishes (or, past --shutdown-timeout, ends with an OpenAI error
+chunk and `data: [DONE]`), and the process exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from serve_helpers import needs_ops
+
+pytestmark = needs_ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from serve_upgrade import free_port  # noqa: E402
+
+
+class Proc:
+    def __init__(self, model: Path, shutdown_timeout: float) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "keel.cli", "serve", "--model", str(model), "--port", str(self.port)]
+        cmd += ["--dtype", "float32", "--device", "cpu", "--block-size", "4", "--kv-cache-gib", "0.05"]
+        cmd += ["--served-model-name", "m", "--log-level", "warning", "--shutdown-timeout", str(shutdown_timeout)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.proc = subprocess.Popen(
+            cmd, cwd=tempfile.gettempdir(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + 120
+        while self.health() != 200:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"keel serve did not start:\n{self.proc.stdout.read()}")
+            time.sleep(0.1)
+
+    def health(self) -> int | None:
+        try:
+            with urllib.request.urlopen(self.base + "/health", timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return None
+
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        req = urllib.request.Request(self.base + path, json.dumps(body).encode(), {"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stream(self, body: dict, events: list[str], first: threading.Event) -> None:
+        """Read an SSE stream line by line into `events` (the raw `data:` payloads)."""
+        req = urllib.request.Request(
+            self.base + "/v1/chat/completions",
+            json.dumps({**body, "stream": True}).encode(),
+            {"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    first.set()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+# a stream long enough to be in flight at the signal: 8 choices x 48 tokens of the tiny model (seconds here)
+LONG = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 48, "n": 8, "ignore_eos": True}
+
+
+def run_drain(model: Path, shutdown_timeout: float) -> tuple[list[str], dict, int]:
+    """A non-streamed request and a stream in flight, then SIGTERM; what /health, a new request, the
+    stream and the non-streamed request got, and the exit status."""
+    p = Proc(model, shutdown_timeout)
+    try:
+        whole: list = []
+        sender = threading.Thread(target=lambda: whole.append(p.post("/v1/chat/completions", LONG)), daemon=True)
+        sender.start()
+        events: list[str] = []
+        first = threading.Event()
+        reader = threading.Thread(target=p.stream, args=(LONG, events, first), daemon=True)
+        reader.start()
+        assert first.wait(60), "no first chunk"
+        p.proc.send_signal(signal.SIGTERM)
+        seen = {"health": p.health(), "new": p.post("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})}
+        reader.join(120)
+        sender.join(120)
+        assert not reader.is_alive() and not sender.is_alive(), "a request did not end"
+        seen["whole"] = whole[0]
+        return events, seen, p.proc.wait(60)
+    finally:
+        p.kill()
+
+
+def test_sigterm_lets_a_running_stream_finish(tiny_model):
+    events, seen, code = run_drain(tiny_model, shutdown_timeout=60)
+    assert seen["health"] == 503  # at once, while the stream still runs
+    status, body = seen["new"]
+    assert status == 503 and body["error"]["code"] == "shutting_down"
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    finishes = [c["finish_reason"] for chunk in chunks for c in chunk.get("choices", []) if c.get("finish_reason")]
+    assert finishes == ["length"] * 8 and not any("error" in chunk for chunk in chunks)
+    status, body = seen["whole"]  # the non-streamed request finished too
+    assert status == 200 and [c["finish_reason"] for c in body["choices"]] == ["length"] * 8
+    assert code == 0
+
+
+def test_sigterm_past_the_shutdown_timeout_ends_the_stream_with_an_error(tiny_model):
+    events, seen, code = run_drain(tiny_model, shutdown_timeout=0)
+    assert seen["health"] in (503, None)  # 503, or already gone (a 0 s drain ends at once)
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["error"]["code"] == "shutting_down" and "--shutdown-timeout" in last["error"]["message"]
+    finishes = [c.get("finish_reason") for e in events[:-2] for c in json.loads(e).get("choices", [])]
+    assert finishes.count("length") < 8  # it was cut, not finished
+    status, body = seen["whole"]  # the non-streamed request: a 503 naming the shutdown
+    assert status == 503 and body["error"]["code"] == "shutting_down", body
+    assert code == 0
