@@ -45,6 +45,24 @@ TINY = {
     r"scripts/bench_generate\.py": (["--tiny"], {}),
     r"scripts/bench_ops\.py": (["--quick"], {}),
     r"scripts/bench_audit\.py": (["--size-mb", "8", "--files", "4"], {}),
+    r"scripts/bench_serve\.py": (
+        [
+            "--clients",
+            "1",
+            "2",
+            "--feature-clients",
+            "2",
+            "--new-tokens",
+            "8",
+            "--prompt-len",
+            "16",
+            "--chat-tokens",
+            "64",
+            "--repeats",
+            "1",
+        ],
+        {},
+    ),
     r"scripts/fuzz_loaders\.py": (["--only", "config.json:vocab_size="], {}),  # the full run: 870 loads, ~30 min
     r"scripts/soak_serve\.py": (
         ["--duration", "12", "--warmup", "4", "--burst-every", "4", "--kv-cache-gib", "0.011"],
