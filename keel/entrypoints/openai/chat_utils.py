@@ -4,7 +4,7 @@
 request's `tools` (and vLLM's `documents`, `chat_template_kwargs`, a per-request `chat_template`),
 assistant `tool_calls` with their arguments as objects (what HF templates index into), and supports
 `continue_final_message` (the reply continues the last message instead of starting a new one).
-Templates compile in the same sandbox as the tokenizer's (`keel.hf.tokenizer._compile`).
+Templates compile in the same sandbox as the tokenizer's (`keel.hf.tokenizer_files.compile_template`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ _RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"
 
 @lru_cache(maxsize=8)
 def _compiled(source: str) -> Any:
-    from keel.hf.tokenizer import _compile
+    from keel.hf.tokenizer_files import compile_template
 
-    return _compile(source)
+    return compile_template(source, "chat_template")
 
 
 def renders_tools(template: str | None) -> bool:
