@@ -478,10 +478,10 @@ def resolve_library(
         if not s.version and s.name.startswith(PYTHON_PREFIXES):
             counts["python"] += 1
             continue
-        if vfile in assumed_files or (not s.version and assumed_files):
+        fam = _family(s.name) if not s.version else None
+        if vfile in assumed_files or (fam is not None and any(a.startswith(fam[0]) for a in assumed_files)):
             counts["assumed"] += 1
             continue
-        fam = _family(s.name) if not s.version else None
         if fam is not None and fam[1] == "cuda" and not cand.cuda_libraries_given:
             counts["unchecked"] = counts.get("unchecked", 0) + 1
             unchecked.append(s.name)
