@@ -21,19 +21,23 @@ library loads (and its Python ABI fits), 1 otherwise, 2 when an input cannot be 
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .analysis import _load, _open
+from .analysis import _open, _parse
 from .candidate import Provider, TorchCandidate, host_dirs, host_library, open_candidate
 from .elf import ElfFormatError, ElfInfo, read_elf
 from .errors import AuditError, AuditInputError
+from .inputs import Source
 
 SCHEMA = "keel-audit-preflight/1"
 # the platform: glibc and the GCC runtime (their symbols carry GLIBC_/GLIBCXX_/CXXABI_/GCC_ versions)
@@ -545,6 +549,38 @@ def resolve_library(
     )
 
 
+def _read_overlapped(sources: list[Source], cand: TorchCandidate) -> list[tuple[Source, str, ElfInfo | ElfFormatError]]:
+    """Parse every TARGET library (largest first) and, as soon as one is parsed, start reading the
+    candidate libraries its DT_NEEDED names, in the same pool: the candidate's big libraries
+    (libtorch_cuda.so inflates to about 1 GB) start while the rest of TARGET is still being read."""
+    work = [(source, c) for source in sources for c in source.candidates]
+    order = sorted(range(len(work)), key=lambda k: -work[k][1].size)
+    lock = threading.Lock()
+    started: set[str] = set()
+    extra: list[Future[ElfInfo]] = []
+    with ThreadPoolExecutor(max(1, min(os.cpu_count() or 1, 8))) as pool:
+
+        def follow(fut: Future[ElfInfo | ElfFormatError]) -> None:
+            info = fut.result() if not fut.exception() else None
+            if not isinstance(info, ElfInfo):
+                return
+            with lock:
+                for name in info.needed:
+                    p = cand.get(name)
+                    if p is not None and name not in started:
+                        started.add(name)
+                        extra.append(pool.submit(p.info))
+
+        futures: dict[int, Future[ElfInfo | ElfFormatError]] = {}
+        for k in order:
+            futures[k] = pool.submit(_parse, *work[k])
+            futures[k].add_done_callback(follow)
+        parsed = [futures[k].result() for k in range(len(work))]
+    for f in extra:
+        f.result()  # raises the candidate library's read error, if any
+    return [(source, c.path, info) for (source, c), info in zip(work, parsed, strict=True)]
+
+
 def preflight(
     targets: Sequence[str],
     torch: str,
@@ -561,7 +597,7 @@ def preflight(
     with ExitStack() as stack:
         cand = open_candidate(torch, stack, also, cache)
         sources = [_open(arg, stack) for arg in targets]
-        loaded = _load(sources)
+        loaded = _read_overlapped(sources, cand)
         bad = [(src.label, p, i) for src, p, i in loaded if isinstance(i, ElfFormatError)]
         if bad:
             label, p, err = bad[0]
@@ -573,13 +609,11 @@ def preflight(
             if i.soname:
                 target_libs.setdefault(i.soname, i)
         scope = _Scope(target_libs, cand, host, assume)
-        # the first level of every library at once, so the big candidate libraries inflate in parallel
-        first = {n for _s, _p, i in loaded if isinstance(i, ElfInfo) for n in i.needed}
         global_names: list[str] = []
         gd = cand.get("libtorch_global_deps.so")
         if gd is not None:
             global_names = ["libtorch_global_deps.so", *gd.info().needed]
-        cand.prefetch(first | set(global_names))
+        cand.prefetch(global_names)
         libs = [resolve_library(p, i, scope, global_names, src.tags) for src, p, i in loaded if isinstance(i, ElfInfo)]
         notes = []
         if cand.cuda and not cand.cuda_libraries_given:
