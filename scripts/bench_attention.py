@@ -13,6 +13,7 @@ prefill loop on main).
 Methods alternate inside each repeat; the best repeat of each is reported, with ratios (> 1:
 vendored faster). On a busy machine prefer --threads 1 (no waits on a descheduled pool thread).
 Usage: python scripts/bench_attention.py [--quick] [--repeats N] [--threads N]
+       python scripts/bench_attention.py --device cuda   (the GPU half: scripts/bench_cuda.py)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import bench_cuda  # the --device cuda half (scripts/bench_cuda.py)
 import torch
 import torch.nn.functional as F
 
@@ -122,7 +124,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="contexts 256 and 1024 only, fewer repeats")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: vs SDPA's flash backend")
+    bench_cuda.add_arguments(ap)
     args = ap.parse_args()
+    if args.device == "cuda":
+        bench_cuda.attention_main(args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)

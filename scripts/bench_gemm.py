@@ -2,6 +2,7 @@
 
     python scripts/bench_gemm.py                 # SmolLM2-135M's layers and an 8B model's, M = 1, 8, 32
     python scripts/bench_gemm.py --shapes 8b --m 1
+    python scripts/bench_gemm.py --device cuda   # the GPU half: scripts/bench_cuda.py
 
 All peers run in the same process, alternating round by round; each cell is the median over rounds of the
 mean time of a few back-to-back calls. `fp8` is fp8_gemm_nt alone (weights and activations cast beforehand)
@@ -17,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import bench_cuda  # the --device cuda half (scripts/bench_cuda.py)
 import torch
 
 import keel
@@ -78,7 +80,12 @@ def main() -> None:
     p.add_argument("--m", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: TFLOP/s vs torch._scaled_mm")
+    bench_cuda.add_arguments(p)
     args = p.parse_args()
+    if args.device == "cuda":
+        bench_cuda.gemm_main(args)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -12,7 +12,8 @@
    keel and twin alternated in the same run.
 
 Ratios > 1 mean keel is faster (section 3: keel / twin, 1.0 = no cost).
-Usage: python scripts/bench_ops.py [--device cuda] [--quick] [--twin-only]
+Usage: python scripts/bench_ops.py [--quick] [--twin-only]
+       python scripts/bench_ops.py --device cuda   (GB/s vs a device copy: scripts/bench_cuda.py)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import bench_cuda  # the --device cuda half (scripts/bench_cuda.py)
 import torch
 import torch.nn.functional as F
 
@@ -267,10 +269,14 @@ def print_twin(inner: int, repeats: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: GB/s vs a device copy")
+    bench_cuda.add_arguments(ap)
     ap.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
     ap.add_argument("--twin-only", action="store_true", help="only section 3 (keel vs the unstable twin)")
     args = ap.parse_args()
+    if args.device == "cuda":
+        bench_cuda.ops_main(args)
+        return
     inner, repeats = (200, 5) if args.quick else (2000, 15)
     n = (1 << 22) if args.quick else (1 << 24)
     print(

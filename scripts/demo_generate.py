@@ -2,12 +2,18 @@
 """One pipeline probe: run keel's ops and a greedy generation, then report what native code ran.
 
   python scripts/demo_generate.py OUT.json [--model ID] [--prompt TEXT] [--max-tokens N] [--no-ops]
+                                          [--reference A/probe.json]
 
 Run with the interpreter of an environment that has keel installed (never from the checkout's
 root on sys.path). It prints the answer and writes OUT.json with the torch and Python versions,
-the generated token ids, tokens/s and time to first token, and the sha256 of every keel library
-mapped into THIS process, read from /proc/self/maps after the ops and the generation ran: that
-is the code that really served the request, whatever files the wheel or the checkout hold.
+every op's error against plain torch and its bound (scripts/demo_ops.py), the prompt and generated
+token ids, the top-2 logit margin at each generated token, tokens/s and time to first token, and the
+sha256 of every keel library mapped into THIS process, read from /proc/self/maps after the ops and
+the generation ran: that is the code that really served the request, whatever files the wheel or
+the checkout hold. The logits along its tokens go to OUT's folder (logits.pt). With --reference
+(another environment's OUT.json) it also computes its logits on that run's prompt and tokens and
+writes their max / mean |difference| from that run's logits.pt. Exit 1 when an op exceeds its bound
+(OUT.json is written first).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import argparse
 import hashlib
 import json
 import platform
-import runpy
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +31,12 @@ import torch
 import keel
 from keel import LLM, SamplingParams
 from keel.hf.resolve import DEFAULT_MODEL
+
+SCRIPTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(SCRIPTS), str(SCRIPTS.parent / "tests")]  # demo_ops; support.engine (all-position logits)
+import demo_ops  # noqa: E402
+from support.engine import keel_prompt_logits  # noqa: E402
+from support.parity import logit_diff, top2_margins  # noqa: E402
 
 PROMPT = "What is the capital of France?"
 
@@ -41,17 +53,19 @@ def mapped_keel_libraries(package_dir: Path) -> dict[str, str]:
     return {p.relative_to(package_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(paths)}
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--no-ops", action="store_true", help="skip the op-by-op comparison with plain torch")
+    ap.add_argument("--reference", help="another run's OUT.json: compare logits on its tokens")
     args = ap.parse_args()
     package_dir = Path(keel.__file__).resolve().parent
-    if not args.no_ops:  # every op once against plain torch (scripts/demo_ops.py, same process)
-        runpy.run_path(str(Path(__file__).with_name("demo_ops.py")), run_name="__main__")
+    op_checks = [] if args.no_ops else demo_ops.checks()  # every op once against plain torch, same process
+    if op_checks:
+        print(demo_ops.table(op_checks))
     t0 = time.perf_counter()
     llm = LLM(args.model)
     load_s = time.perf_counter() - t0
@@ -59,6 +73,18 @@ def main() -> None:
     out = llm.chat([[{"role": "user", "content": args.prompt}]], params)[0]
     decode_s = out.total_s - out.ttft_s
     tok_s = (len(out.token_ids) - 1) / decode_s if decode_s > 0 else float("nan")
+    path = out.prompt_token_ids + out.token_ids
+    logits = keel_prompt_logits(llm, path)[:-1]  # [prompt + tokens - 1, V]: each row predicts the next token
+    torch.save(logits, Path(args.out).with_name("logits.pt"))
+    margins = top2_margins(logits[len(out.prompt_token_ids) - 1 :])
+    reference = None
+    if args.reference:  # another run's logits against ours on its tokens (teacher-forced: always comparable)
+        ref = json.loads(Path(args.reference).read_text())
+        ref_path = ref["prompt_token_ids"] + ref["token_ids"]
+        mine = logits if ref_path == path else keel_prompt_logits(llm, ref_path)[:-1]
+        mx, mean = logit_diff(mine, torch.load(Path(args.reference).with_name("logits.pt")))
+        reference = {"probe": args.reference, "max_abs": mx, "mean_abs": mean, "positions": len(ref_path) - 1}
+        print(f"logits on the reference's tokens: max |diff| {mx:.4g}, mean {mean:.4g} ({args.reference})")
     libraries = mapped_keel_libraries(package_dir)
     print(
         f"torch {torch.__version__} | python {platform.python_version()} | model {args.model} ({llm.dtype}) | "
@@ -77,7 +103,11 @@ def main() -> None:
                 "model": args.model,
                 "dtype": str(llm.dtype),
                 "prompt": args.prompt,
+                "prompt_token_ids": out.prompt_token_ids,
                 "token_ids": out.token_ids,
+                "margins": margins,
+                "reference": reference,
+                "op_checks": demo_ops.as_json(op_checks),
                 "text": out.text,
                 "ttft_s": out.ttft_s,
                 "decode_tok_s": tok_s,
@@ -86,7 +116,11 @@ def main() -> None:
             indent=1,
         )
     )
+    bad = [c for c in op_checks if not c.ok]
+    for c in bad:
+        print(f"EXCEEDED: {c.op} {c.device} {c.dtype}: relative error {c.rel:.1e} > {c.bound:.0e}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

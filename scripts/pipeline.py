@@ -8,14 +8,19 @@
    stops the run (`scripts/build_wheel.sh` gates the build, `keel audit` gives verdict and floor);
 2. for torch A and each target torch B (and each Python): a fresh virtual environment with only
    torch B, keel's runtime requirements (read from the wheel), pytest and keel-audit; the SAME wheel file;
-3. there: the op tests of the checkout against the installed wheel, and one process that runs the
-   ops and a greedy generation with keel's default model, then hashes every keel library in its own
-   memory map (scripts/demo_generate.py); those hashes must equal the built libraries' hashes;
+3. there: the op tests of the checkout against the installed wheel (keel's and both vendored libraries',
+   counted per library), and one process (scripts/demo_generate.py) that checks every op against plain
+   torch with a stated error bound (scripts/demo_ops.py), greedy-generates with keel's default model,
+   computes its logits along torch A's tokens, and hashes every keel library in its own memory map;
+   those hashes must equal the built libraries' hashes;
 4. below the floor (torch older than the audited `torch>=`), keel must refuse to import with its
    own error, not crash;
-5. one table; exit 0 only when every row holds (same library bytes, op tests pass, same tokens).
+5. one table; exit 0 only when every row holds: same library bytes, op tests pass, every op within its
+   bound, logits within scripts/pipeline_checks.py's LOGIT_ATOL of torch A's, and greedy tokens equal to
+   A's up to A's first near-tie (the parity rule of tests/support/parity.py; the table says where).
 
-Uses only the standard library: it drives the environments, it does not import keel or torch.
+Uses only the standard library (and the checkout's pure-Python scripts/pipeline_checks.py and
+tests/support/parity.py): it drives the environments, it does not import keel or torch.
 Logs of every step go to .cache/pipeline/.
 """
 
@@ -30,14 +35,22 @@ import re
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pipeline_checks import (  # noqa: E402
+    OP_TESTS,
+    Row,
+    check_probe_ops,
+    compare_to_reference,
+    count_tests,
+    table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / ".cache" / "pipeline"
-OP_TESTS = ["tests/ops", "tests/test_native.py", "tests/test_wheel_libraries.py"]
 # what the op tests need besides torch and the wheel: pytest, and the checkout's keel-audit (pure Python),
 # which tests/test_wheel_libraries.py runs over the installed libraries
 TEST_TOOLS = ["pytest", str(ROOT / "audit")]
@@ -48,30 +61,6 @@ PIP_ENV = {"PIP_CONSTRAINT": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 class PipelineError(RuntimeError):
     """A step failed; the message says which, why, and where its log is."""
-
-
-@dataclass
-class Row:
-    """One (torch B, Python) environment and what it showed."""
-
-    torch_a: str
-    torch_b: str
-    python: str
-    env: str
-    status: str = "ok"  # ok | failed | not installable | refused import
-    detail: str = ""
-    libraries_same: bool | None = None
-    libraries: str = "-"
-    op_tests: str = "-"
-    op_tests_ok: bool | None = None
-    tok_s: float | None = None
-    ttft_ms: float | None = None
-    token_ids: list[int] = field(default_factory=list)
-    tokens_same: bool | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok" and bool(self.libraries_same and self.op_tests_ok and self.tokens_same)
 
 
 def log_path(name: str) -> Path:
@@ -234,42 +223,39 @@ def install_wheel(env: Path, wheel: Path, torch: str, tag: str) -> None:
         )
 
 
-def op_tests(env: Path, tag: str) -> tuple[bool, str]:
-    """The checkout's op tests against the installed wheel: (all passed, 'N passed, M skipped')."""
+def op_tests(env: Path, tag: str) -> tuple[bool, str, dict[str, list[int]]]:
+    """The checkout's op tests against the installed wheel: (all passed, 'N passed, M skipped', per library
+    [passed, failed, skipped])."""
     junit = LOGS / f"{tag}-junit.xml"
+    junit.unlink(missing_ok=True)
     proc = run(
         [str(env / "bin" / "pytest"), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *OP_TESTS],
         f"{tag}-optests",
         check=False,
     )
     if not junit.exists():
-        return False, f"pytest exited {proc.returncode} (log: {log_path(tag + '-optests')})"
-    suite = ET.parse(junit).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    n, failed, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
-    passed = n - failed - errors - skipped
-    text = f"{passed} passed, {skipped} skipped" + (f", {failed + errors} FAILED" if failed + errors else "")
-    return proc.returncode == 0 and failed + errors == 0 and passed > 0, text
+        return False, f"pytest exited {proc.returncode} (log: {log_path(tag + '-optests')})", {}
+    counts = count_tests(junit)
+    passed, failed, skipped = (sum(c[i] for c in counts.values()) for i in range(3))
+    text = f"{passed} passed, {skipped} skipped" + (f", {failed} FAILED" if failed else "")
+    return proc.returncode == 0 and failed == 0 and passed > 0, text, counts
 
 
-def probe(env: Path, tag: str, max_tokens: int) -> dict:
-    """scripts/demo_generate.py in `env`, run from an empty folder so the checkout is not on sys.path."""
+def probe(env: Path, tag: str, max_tokens: int, reference: Path | None) -> dict:
+    """scripts/demo_generate.py in `env`, run from an empty folder so the checkout is not on sys.path;
+    with `reference` (torch A's probe.json) it also computes its logits on A's tokens and compares."""
     work = LOGS / f"{tag}-run"
     work.mkdir(parents=True, exist_ok=True)
     out = work / "probe.json"
     out.unlink(missing_ok=True)
-    run(
-        [
-            str(env / "bin" / "python"),
-            str(ROOT / "scripts" / "demo_generate.py"),
-            str(out),
-            "--max-tokens",
-            str(max_tokens),
-        ],
-        f"{tag}-probe",
-        cwd=work,
-        env={"HF_HUB_OFFLINE": "1"},
-    )
+    cmd = [str(env / "bin" / "python"), str(ROOT / "scripts" / "demo_generate.py"), str(out)]
+    cmd += ["--max-tokens", str(max_tokens)] + (["--reference", str(reference)] if reference else [])
+    proc = run(cmd, f"{tag}-probe", cwd=work, env={"HF_HUB_OFFLINE": "1"}, check=False)
+    if not out.exists():  # exit 1 with OUT.json written: an op beyond its bound, which the row shows
+        tail = proc.stdout[-2000:]
+        raise PipelineError(
+            f"the probe exited {proc.returncode} without results (log: {log_path(tag + '-probe')})\n{tail}"
+        )
     return json.loads(out.read_text())
 
 
@@ -292,34 +278,37 @@ def run_row(
     built: dict[str, str],
     requires: list[str],
     args: argparse.Namespace,
-    reference: list[int] | None,
+    reference: dict | None,
     *,
     build_env: bool,
-) -> Row:
+) -> tuple[Row, dict | None]:
+    """One environment's row, and its probe's result (None when it failed before the probe)."""
     tag = f"py{row.python}-torch{row.torch_b}"
     print(f"### torch {row.torch_b}, Python {row.python}: {env.name}", flush=True)
     try:
         if not build_env:  # the build's own environment got its requirements before fetch-demo
             make_env(env, python, row.torch_b, requires, fresh=not args.reuse_envs, tag=tag)
         install_wheel(env, wheel, row.torch_b, tag)
-        row.op_tests_ok, row.op_tests = op_tests(env, tag)
-        print(f"  op tests: {row.op_tests}", flush=True)
-        result = probe(env, tag, args.max_tokens)
+        row.op_tests_ok, row.op_tests, row.test_counts = op_tests(env, tag)
+        print(f"  op tests: {row.op_tests} ({row.test_counts})", flush=True)
+        result = probe(env, tag, args.max_tokens, reference["probe_json"] if reference else None)
     except PipelineError as exc:
         row.status = "not installable" if "cannot be installed" in str(exc) else "failed"
         row.detail = str(exc)
         print(f"  {row.status}: {exc}", file=sys.stderr, flush=True)
-        return row
+        return row, None
     row.libraries_same, row.libraries = compare_libraries(built, result["mapped_libraries"], result["keel_dir"], env)
     row.tok_s, row.ttft_ms = result["decode_tok_s"], result["ttft_s"] * 1e3
     row.token_ids = result["token_ids"]
-    row.tokens_same = reference is None or row.token_ids == reference
+    check_probe_ops(row, result.get("op_checks", []))
+    compare_to_reference(row, result, reference)
     print(
-        f"  libraries same: {row.libraries}; {len(row.token_ids)} tokens, {row.tok_s:.1f} tok/s; "
+        f"  libraries same: {row.libraries}; probe ops: {row.probe_ops}; logits vs A: {row.logits}; "
+        f"tokens vs A: {row.tokens}; {len(row.token_ids)} tokens, {row.tok_s:.1f} tok/s; "
         f"answer: {result['text'][:80]!r}",
         flush=True,
     )
-    return row
+    return row, result
 
 
 def below_floor(
@@ -345,28 +334,6 @@ def below_floor(
     row.detail = f"exit {proc.returncode}: {last}"
     print(f"  {'ok, keel refuses' if clear else 'NOT a clean refusal'}: {row.detail}", flush=True)
     return row
-
-
-def table(rows: list[Row], verdict: str, floor: str) -> str:
-    head = (
-        "| torch A | torch B | Python | keel libraries mapped = built | audit | op tests | decode tok/s "
-        "| TTFT ms | token ids = A's |\n|---|---|---|---|---|---|---:|---:|---|"
-    )
-    lines = [head]
-    for r in rows:
-        if r.status in ("ok", "failed") and r.libraries_same is not None:
-            same = f"{'yes' if r.tokens_same else 'NO'} ({len(r.token_ids)})"
-            lines.append(
-                f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.libraries} | {verdict}, torch>={floor} "
-                f"| {r.op_tests} | {r.tok_s:.1f} | {r.ttft_ms:.0f} | {same} |"
-            )
-        else:
-            what = r.detail.splitlines()[0][:160] if r.detail else r.status
-            lines.append(
-                f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.status}: {what} | {verdict}, "
-                f"torch>={floor} | {r.op_tests} | - | - | - |"
-            )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,38 +386,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeline: STOPPED: {exc}", file=sys.stderr)
         return 1
 
-    rows = [
-        run_row(
-            Row(args.torch_a, args.torch_a, build_py, build_env.name),
-            build_env,
-            build_python,
-            wheel,
-            built,
-            requires,
-            args,
-            None,
-            build_env=True,
-        )
-    ]
-    reference = rows[0].token_ids or None
+    row_a, result_a = run_row(
+        Row(args.torch_a, args.torch_a, build_py, build_env.name),
+        build_env,
+        build_python,
+        wheel,
+        built,
+        requires,
+        args,
+        None,
+        build_env=True,
+    )
+    rows = [row_a]
+    reference = None
+    if result_a and result_a["token_ids"]:  # what every torch B is compared with
+        reference = {**result_a, "probe_json": LOGS / f"py{build_py}-torch{args.torch_a}-run" / "probe.json"}
     pythons = [resolve_python(p) for p in args.pythons] or [build_python]
     for python in pythons:
         py = python_version(python)
         for torch in args.targets:
             env = ROOT / f".venv-pipe-py{py}-torch{torch}"
-            rows.append(
-                run_row(
-                    Row(args.torch_a, torch, py, env.name),
-                    env,
-                    python,
-                    wheel,
-                    built,
-                    requires,
-                    args,
-                    reference,
-                    build_env=False,
-                )
+            row, _ = run_row(
+                Row(args.torch_a, torch, py, env.name),
+                env,
+                python,
+                wheel,
+                built,
+                requires,
+                args,
+                reference,
+                build_env=False,
             )
+            rows.append(row)
     floor_row = None
     if args.below_floor:
         env = ROOT / f".venv-pipe-py{build_py}-torch{args.below_floor}"

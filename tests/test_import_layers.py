@@ -1,4 +1,4 @@
-"""keel's Python layers point one way (DESIGN.md): the engine imports models and layers, models import
+"""keel's Python layers point one way (docs/architecture.md): the engine imports models and layers, models import
 layers, never the other way; nothing below the API imports the server or the CLI. Read from the source
 (tests/support/import_graph.py), TYPE_CHECKING imports included: naming a type is depending on it."""
 

@@ -45,6 +45,10 @@ TINY = {
     r"scripts/bench_generate\.py": (["--tiny"], {}),
     r"scripts/bench_ops\.py": (["--quick"], {}),
     r"scripts/bench_audit\.py": (["--size-mb", "8", "--files", "4"], {}),
+    r"scripts/soak_serve\.py": (
+        ["--duration", "12", "--warmup", "4", "--burst-every", "4", "--kv-cache-gib", "0.011"],
+        {},
+    ),
     r"^bash scripts/build_wheel\.sh": ([], {"KEEL_CUDA": "off"}),  # the CUDA library is compile-only here
     r"setup\.py build_ext": ([], {"KEEL_CUDA": "off"}),
 }

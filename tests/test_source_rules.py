@@ -1,4 +1,4 @@
-"""Layering rules of the C++/CUDA tree (DESIGN.md): only csrc/stable/ includes torch headers,
+"""Layering rules of the C++/CUDA tree (docs/architecture.md): only csrc/stable/ includes torch headers,
 nobody includes unstable torch headers or pybind11, and .cu files include no torch header."""
 
 from __future__ import annotations

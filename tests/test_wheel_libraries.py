@@ -1,6 +1,6 @@
 """keel's own installed native libraries (every *.abi3.so under the package, vendored ones included),
 read by keel-audit under keel's strict policy: only stable C shim symbols of torch, floor 2.10, and
-the DT_NEEDED sets of DESIGN.md (`_C*.abi3.so` -> libtorch_cpu.so, `_C_cuda*.abi3.so` -> + libtorch_cuda.so)."""
+the DT_NEEDED sets of docs/architecture.md (`_C*.abi3.so` -> libtorch_cpu.so, `_C_cuda*.abi3.so` -> + libtorch_cuda.so)."""
 
 from __future__ import annotations
 

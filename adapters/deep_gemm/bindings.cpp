@@ -5,7 +5,9 @@
 #include "stable/library.h"
 
 STABLE_TORCH_LIBRARY(keel_deep_gemm, m) {
-  // d = c + a @ b.T for a e4m3 [M, K] with 1x128 scales sfa, b e4m3 [N, K] with 128x128 scales sfb; writes d.
+  // d = c + a @ b.T for a e4m3 [M, K] with 1x128 scales sfa and b e4m3 [N, K] with scales sfb: per 128x128 block
+  // (recipe (1, 128, 128), the default when no recipe is given) or per 1x128 group of a row (recipe (1, 1, 128), what
+  // keel's FP8 linear uses by default); writes d.
   m.def(
       "fp8_gemm_nt(Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor(a!) d, Tensor? c=None, int? recipe_m=None, "
       "int? recipe_n=None, int? recipe_k=None, bool disable_ue8m0_cast=False) -> ()");

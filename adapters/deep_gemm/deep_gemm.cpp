@@ -133,7 +133,8 @@ std::tuple<Tensor, Tensor> per_token_cast_to_fp8(const Tensor& x, bool use_ue8m0
   const dg::TensorView vx = view(op, "x", x);
   auto [out, sf] = cast_outputs(x, x.size(0), ceil_div(x.size(1), gk));
   const dg::TensorView vo = view(op, "out", out), vs = view(op, "sf", sf);
-  call_fork([&] { dg::per_token_cast_to_fp8(vx, vo, vs, use_ue8m0, gk); });
+  LaunchContext ctx(x);  // CUDA: device guard + current stream; CPU: nothing
+  call_fork([&] { dg::per_token_cast_to_fp8(vx, vo, vs, use_ue8m0, gk, ctx.stream()); });
   return {out, sf};
 }
 
@@ -143,7 +144,8 @@ std::tuple<Tensor, Tensor> per_block_cast_to_fp8(const Tensor& x, bool use_ue8m0
   const dg::TensorView vx = view(op, "x", x);
   auto [out, sf] = cast_outputs(x, ceil_div(x.size(0), 128), ceil_div(x.size(1), 128));
   const dg::TensorView vo = view(op, "out", out), vs = view(op, "sf", sf);
-  call_fork([&] { dg::per_block_cast_to_fp8(vx, vo, vs, use_ue8m0); });
+  LaunchContext ctx(x);
+  call_fork([&] { dg::per_block_cast_to_fp8(vx, vo, vs, use_ue8m0, ctx.stream()); });
   return {out, sf};
 }
 
@@ -153,7 +155,7 @@ KEEL_ADAPTER_LIBRARY_IMPL(keel_deep_gemm, m) {
   using namespace keel::deep_gemm_adapter;
   KEEL_ADAPTER_IMPL(m, "fp8_gemm_nt", &fp8_gemm_nt);
   KEEL_ADAPTER_IMPL(m, "bf16_gemm_nt", &bf16_gemm_nt);
-  // the fork's casts run on the CPU only; CUDA tensors get its clear error
+  // the casts: CPU loops in _C, the fork's CUDA kernels (csrc/cuda/cast.cu) in the CUDA twin
   KEEL_ADAPTER_IMPL(m, "per_token_cast_to_fp8", &per_token_cast_to_fp8);
   KEEL_ADAPTER_IMPL(m, "per_block_cast_to_fp8", &per_block_cast_to_fp8);
 }

@@ -4,6 +4,6 @@ set(_dg "${PROJECT_SOURCE_DIR}/vendored_deps/deep_gemm/csrc")
 keel_add_vendored_library(deep_gemm
   DEP_SOURCES "${_dg}/apis/gemm.cpp" "${_dg}/apis/cast.cpp" "${_dg}/apis/runtime.cpp"
   DEP_ISA_SOURCES "${_dg}/cpu/gemm_kernels.cpp"
-  DEP_CUDA_SOURCES "${_dg}/cuda/gemm.cu"
+  DEP_CUDA_SOURCES "${_dg}/cuda/gemm.cu" "${_dg}/cuda/cast.cu"
   ADAPTER_CPU_SOURCES "${PROJECT_SOURCE_DIR}/adapters/deep_gemm/bindings.cpp"
   ADAPTER_SOURCES "${PROJECT_SOURCE_DIR}/adapters/deep_gemm/deep_gemm.cpp")

@@ -65,6 +65,7 @@ flash::TensorView view(const char* op, const char* arg, const Tensor& t, bool in
              scalar_type_name(t.scalar_type()));
   v.data = t.data_ptr();
   v.is_cuda = t.is_cuda();
+  v.device_index = v.is_cuda ? t.get_device_index() : 0;
   v.ndim = static_cast<int>(t.dim());
   for (int i = 0; i < v.ndim; ++i) {
     v.sizes[i] = t.size(i);
@@ -94,12 +95,15 @@ Options narrow(const char* op, int64_t window_left, int64_t window_right, double
                  adapter::to_int(op, "num_splits", num_splits)};
 }
 
-// Runs a call into the fork; its argument errors come back as "<op>: <message>".
+// Runs a call into the fork; its errors (argument checks, a CUDA launch failure) come back as
+// "<op>: <message>".
 template <typename F>
 void call_fork(const char* op, const F& f) {
   try {
     f();
   } catch (const std::invalid_argument& e) {
+    detail::fail(op, ": ", e.what());
+  } catch (const std::runtime_error& e) {
     detail::fail(op, ": ", e.what());
   }
 }

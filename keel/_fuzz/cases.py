@@ -30,6 +30,11 @@ DEFECTS = ("unnamed", "crash", "hang", "harness")
 Example = Callable[[random.Random, str, torch.dtype], list[Any]]
 
 
+def t(shape: tuple[int, ...], device: str, dtype: torch.dtype) -> torch.Tensor:
+    """A random tensor of `shape` for an example (drawn on the CPU, then moved: meta tensors have no values)."""
+    return torch.randn(shape).to(dtype).to(device)
+
+
 @dataclass(frozen=True, slots=True)
 class Case:
     """One case: its seed and op; everything else is derived from the seed."""

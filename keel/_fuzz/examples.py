@@ -11,12 +11,8 @@ from typing import Any
 
 import torch
 
-from keel._fuzz.cases import Example
-
-
-def t(shape: tuple[int, ...], device: str, dtype: torch.dtype) -> torch.Tensor:
-    """A random tensor of `shape` (drawn on the CPU, then moved: meta tensors have no values)."""
-    return torch.randn(shape).to(dtype).to(device)
+from keel._fuzz.cases import Example, t
+from keel._fuzz.examples_vendored import EXAMPLES as VENDORED
 
 
 def _cos_sin(max_pos: int, rot: int, device: str, dtype: torch.dtype) -> torch.Tensor:
@@ -83,6 +79,4 @@ EXAMPLES: dict[str, Example] = {
 
 def all_examples() -> dict[str, Example]:
     """Every namespace's examples, by "namespace::op"."""
-    from keel._fuzz.examples_vendored import EXAMPLES as VENDORED
-
     return {**EXAMPLES, **VENDORED}

@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from keel._fuzz.cases import Example
-from keel._fuzz.examples import t
+from keel._fuzz.cases import Example, t
 
 
 def _ceil_div(a: int, b: int) -> int:

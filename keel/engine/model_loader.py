@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from keel.hf.config import ModelConfig
-from keel.hf.weights import iter_weights
+from keel.hf.weights import iter_weights, validate_checkpoint
 from keel.models import get_model_class
 from keel.models.llama import LlamaForCausalLM
 
@@ -16,6 +16,7 @@ def load_model(
     folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, progress: bool = True
 ) -> LlamaForCausalLM:
     """Build the model without initialising it (meta device), then fill it from the checkpoint."""
+    validate_checkpoint(folder, config)  # headers only: every tensor present, with its shape, before allocating
     cls = get_model_class(config.architecture)
     with torch.device("meta"):
         model = cls(config)

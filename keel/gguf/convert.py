@@ -12,6 +12,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..hf.config import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_HIDDEN,
+    MAX_INTERMEDIATE,
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_THETA,
+    MAX_VOCAB,
+    ConfigError,
+    ModelConfig,
+)
 from .quants import dequantize
 from .reader import GGUFError, GGUFFile, read_gguf
 from .tokenizer import ConvertedTokenizer, build_tokenizer
@@ -40,7 +52,7 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 
 @dataclass(frozen=True, slots=True)
 class LlamaShape:
-    """The hyper-parameters a llama GGUF states, checked for consistency."""
+    """The hyper-parameters a llama GGUF states (checked by `llama_shape`)."""
 
     vocab_size: int
     hidden_size: int
@@ -53,31 +65,15 @@ class LlamaShape:
     rope_theta: float
     rms_norm_eps: float
 
-    def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-        ):
-            if getattr(self, name) <= 0:
-                raise GGUFError(f"llama.{name} must be positive, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise GGUFError(f"head_count {self.num_heads} must be a multiple of head_count_kv {self.num_kv_heads}")
-        if self.head_dim % 2:
-            raise GGUFError(f"head dim {self.head_dim} must be even for rotary embeddings")
 
-
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, path: str | os.PathLike[str] = "GGUF") -> str:
     """The Hugging Face Llama name of a llama.cpp tensor name; GGUFError for names keel does not know."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _BLOCK_RE.match(gguf_name)
     if m and m.group(2) in _BLOCK_NAMES:
         return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.weight"
-    raise GGUFError(f"tensor {gguf_name!r} is not part of a llama model that keel can convert")
+    raise GGUFError(f"{path}: tensor {gguf_name!r} is not part of a llama model that keel can convert")
 
 
 def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -91,32 +87,50 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def llama_shape(gguf: GGUFFile) -> LlamaShape:
-    """Read and check the ``llama.*`` hyper-parameters."""
-    arch = gguf.require("general.architecture")
+    """Read and check the ``llama.*`` hyper-parameters: typed, within keel.hf.config's bounds, consistent."""
+    p = gguf.path
+    arch = gguf.get_str("general.architecture")
     if arch != "llama":
-        raise GGUFError(f"{gguf.path}: general.architecture is {arch!r}; keel converts only 'llama'")
-    if gguf.get("llama.rope.scaling.type", "none") not in ("none", None):
-        raise GGUFError(f"{gguf.path}: rope scaling {gguf.get('llama.rope.scaling.type')!r} is not supported")
-    hidden = int(gguf.require("llama.embedding_length"))
-    heads = int(gguf.require("llama.attention.head_count"))
-    head_dim = int(gguf.get("llama.attention.key_length", hidden // max(heads, 1)))
-    rope_dims = gguf.get("llama.rope.dimension_count", head_dim)
+        raise GGUFError(f"{p}: general.architecture is {arch!r}; keel converts only 'llama'")
+    scaling = gguf.get_str("llama.rope.scaling.type", "none")
+    if scaling != "none":
+        raise GGUFError(f"{p}: llama.rope.scaling.type {scaling!r} is not supported (only 'none')")
+    hidden = gguf.get_int("llama.embedding_length", 1, MAX_HIDDEN)
+    heads = gguf.get_int("llama.attention.head_count", 1, MAX_HEADS)
+    kv_heads = gguf.get_int("llama.attention.head_count_kv", 1, MAX_HEADS, default=heads)
+    if heads % kv_heads:
+        raise GGUFError(f"{p}: llama.attention.head_count_kv must divide head_count ({heads}), got {kv_heads}")
+    if "llama.attention.key_length" not in gguf.metadata and hidden % heads:
+        raise GGUFError(f"{p}: llama.attention.head_count must divide llama.embedding_length ({hidden}), got {heads}")
+    head_dim = gguf.get_int("llama.attention.key_length", 2, MAX_HEAD_DIM, default=hidden // heads)
+    if head_dim % 2:
+        raise GGUFError(
+            f"{p}: the head dim (llama.attention.key_length, or embedding_length / head_count) must be even, "
+            f"got {head_dim}"
+        )
+    rope_dims = gguf.get_int("llama.rope.dimension_count", 1, MAX_HEAD_DIM, default=head_dim)
     if rope_dims != head_dim:
-        raise GGUFError(f"{gguf.path}: llama.rope.dimension_count is {rope_dims}, expected the head dim {head_dim}")
-    vocab = gguf.get("llama.vocab_size") or len(gguf.get("tokenizer.ggml.tokens") or ())
-    if not vocab:
+        raise GGUFError(
+            f"{p}: llama.rope.dimension_count is {rope_dims}, expected the head dim {head_dim} "
+            "(llama.attention.key_length, or llama.embedding_length / llama.attention.head_count)"
+        )
+    tokens = gguf.get_list("tokenizer.ggml.tokens", str, default=[])
+    vocab = gguf.get_int("llama.vocab_size", 1, MAX_VOCAB, default=len(tokens) or None)
+    if vocab is None:
         vocab = gguf.tensor("token_embd.weight").shape[0]
+    if tokens and len(tokens) > vocab:
+        raise GGUFError(f"{p}: tokenizer.ggml.tokens has {len(tokens)} entries, more than llama.vocab_size {vocab}")
     return LlamaShape(
-        vocab_size=int(vocab),
+        vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=int(gguf.require("llama.feed_forward_length")),
-        num_layers=int(gguf.require("llama.block_count")),
+        intermediate_size=gguf.get_int("llama.feed_forward_length", 1, MAX_INTERMEDIATE),
+        num_layers=gguf.get_int("llama.block_count", 1, MAX_LAYERS),
         num_heads=heads,
-        num_kv_heads=int(gguf.get("llama.attention.head_count_kv", heads)),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
-        context_length=int(gguf.require("llama.context_length")),
-        rope_theta=float(gguf.get("llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(gguf.require("llama.attention.layer_norm_rms_epsilon")),
+        context_length=gguf.get_int("llama.context_length", 1, MAX_POSITIONS),
+        rope_theta=gguf.get_float("llama.rope.freq_base", 0, MAX_THETA, default=10000.0),
+        rms_norm_eps=gguf.get_float("llama.attention.layer_norm_rms_epsilon", 0, 0.999),
     )
 
 
@@ -140,18 +154,37 @@ def expected_shapes(s: LlamaShape) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _implied_by(hf: str) -> str:
+    """The metadata keys behind the expected shape of HF tensor `hf`."""
+    if "embed_tokens" in hf or "lm_head" in hf:
+        return "llama.vocab_size, llama.embedding_length"
+    if "q_proj" in hf or "o_proj" in hf:
+        return "llama.attention.head_count, the head dim, llama.embedding_length"
+    if "k_proj" in hf or "v_proj" in hf:
+        return "llama.attention.head_count_kv, the head dim, llama.embedding_length"
+    if ".mlp." in hf:
+        return "llama.feed_forward_length, llama.embedding_length"
+    return "llama.embedding_length"
+
+
 def convert_state_dict(gguf: GGUFFile, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Dequantize every tensor, rename it to HF Llama and undo the q/k rope permutation."""
     shape = llama_shape(gguf)
     expected = expected_shapes(shape)
     state: dict[str, torch.Tensor] = {}
     for name, info in gguf.tensors.items():
-        target = hf_name(name)
+        target = hf_name(name, gguf.path)
         want = (shape.vocab_size, shape.hidden_size) if target == "lm_head.weight" else expected.get(target)
         if want is None:
-            raise GGUFError(f"{gguf.path}: tensor {name!r} ({target!r}) is not in a {shape.num_layers}-layer model")
+            raise GGUFError(
+                f"{gguf.path}: tensor {name!r} ({target!r}) is not in a {shape.num_layers}-layer model "
+                "(llama.block_count)"
+            )
         if info.shape != want:
-            raise GGUFError(f"{gguf.path}: tensor {name!r} has shape {info.shape}, expected {want} from the metadata")
+            raise GGUFError(
+                f"{gguf.path}: tensor {name!r} has shape {info.shape}, expected {want} from the metadata "
+                f"({_implied_by(target)})"
+            )
         try:
             values = dequantize(gguf.raw(name), info.ggml_type, info.shape)
         except ValueError as exc:
@@ -166,7 +199,10 @@ def convert_state_dict(gguf: GGUFFile, dtype: torch.dtype = torch.bfloat16) -> d
         state[target] = w.to(dtype).contiguous()
     missing = sorted(set(expected) - set(state))
     if missing:
-        raise GGUFError(f"{gguf.path}: {len(missing)} tensors are missing, e.g. {missing[:3]}")
+        raise GGUFError(
+            f"{gguf.path}: {len(missing)} tensors that the metadata implies are missing "
+            f"(llama.block_count={shape.num_layers}), e.g. {missing[:3]}"
+        )
     return state
 
 
@@ -213,6 +249,10 @@ def write_checkpoint(gguf_path: str | os.PathLike[str], out_dir: Path, dtype: st
         tied = "lm_head.weight" not in state
         tok = build_tokenizer(gguf, max_length=llama_shape(gguf).context_length)
         config = hf_config(gguf, tok, tied, dtype)
+    try:  # what keel writes, keel must load: the same checks the loader applies, before a file is written
+        ModelConfig.from_dict(config)
+    except ConfigError as exc:
+        raise GGUFError(f"{gguf_path}: its metadata gives a config keel cannot load: {exc}") from None
     generation = {
         "bos_token_id": tok.bos_token_id,
         "eos_token_id": tok.eos_token_id,

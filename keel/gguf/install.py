@@ -219,10 +219,15 @@ def _place(build: Path, names: list[str], repo_id: str, revision: str, cache: Pa
             (staged / name).symlink_to(Path("..", "..", "blobs", digest))
         except OSError:  # no symlinks (Windows without developer mode): copy, as huggingface_hub does
             shutil.copy2(blob, staged / name)
-    final = repo / "snapshots" / revision
+    final, old = repo / "snapshots" / revision, tmp / "old-snapshot"
     if final.exists():
-        os.replace(final, tmp / "old-snapshot")
-    os.replace(staged, final)
+        os.replace(final, old)
+    try:
+        os.replace(staged, final)
+    except BaseException:
+        if old.exists() and not final.exists():
+            os.replace(old, final)  # the previous snapshot goes back: a failed install loses nothing
+        raise
     ref_tmp = tmp / "ref"
     ref_tmp.write_text(revision)
     os.replace(ref_tmp, repo / "refs" / "main")
@@ -260,6 +265,18 @@ def install_gguf(
     return Installed(repo_id, revision, final, True)
 
 
+def _legacy_dtype(config: Path, legacy: Path) -> str:
+    """The dtype a legacy snapshot's config.json states (for its model card)."""
+    try:
+        raw = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise GGUFError(f"{legacy / 'config.json'}: cannot read the legacy conversion's config ({exc})") from exc
+    dtype = raw.get("torch_dtype", "bfloat16") if isinstance(raw, dict) else None
+    if not isinstance(dtype, str):
+        raise GGUFError(f"{legacy / 'config.json'}: torch_dtype must be a string, got {dtype!r:.40}")
+    return dtype
+
+
 def migrate_legacy(
     legacy: Path, repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[str] | None = None
 ) -> Installed:
@@ -275,7 +292,7 @@ def migrate_legacy(
         names = sorted(f.name for f in legacy.iterdir() if f.is_file())
         for name in names:
             shutil.copyfile(legacy / name, build / name)  # follows the blob symlinks
-        dtype = json.loads((build / "config.json").read_text()).get("torch_dtype", "bfloat16")
+        dtype = _legacy_dtype(build / "config.json", legacy)
         (build / "README.md").write_text(model_card(repo_id, dtype, f"migrated from {legacy}"), encoding="utf-8")
         names = sorted({*names, "README.md"})
         final = _place(build, names, repo_id, legacy.name, cache, tmp)

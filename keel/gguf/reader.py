@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..hf.errors import CheckpointError
 from .quants import GGMLType, tensor_nbytes
 
 GGUF_MAGIC = b"GGUF"
@@ -22,8 +23,11 @@ _MAX_STRING = 1 << 30  # no sane key, token or template is a gigabyte long
 MAX_ARRAY_DEPTH = 8  # arrays of arrays: llama.cpp writes none; bounded so a crafted file cannot recurse
 
 
-class GGUFError(ValueError):
+class GGUFError(CheckpointError):
     """A GGUF file is malformed, truncated or uses something keel cannot read."""
+
+
+_MISSING: Any = object()
 
 
 class ValueType(IntEnum):
@@ -111,6 +115,42 @@ class GGUFFile:
         if key not in self.metadata:
             raise GGUFError(f"{self.path}: metadata key {key!r} is missing")
         return self.metadata[key]
+
+    def _typed(self, key: str, default: Any, ok: Any, expected: str) -> Any:
+        if key not in self.metadata:
+            if default is _MISSING:
+                raise GGUFError(f"{self.path}: metadata key {key!r} is missing; expected {expected}")
+            return default
+        value = self.metadata[key]
+        if not ok(value):
+            shown = repr(value) if not isinstance(value, list) else f"an array of {len(value)}"
+            raise GGUFError(f"{self.path}: metadata {key!r} must be {expected}, got {shown[:80]}")
+        return value
+
+    def get_int(self, key: str, lo: int, hi: int, default: Any = _MISSING) -> Any:
+        """An integer-typed value in [lo, hi] (a GGUF bool is not an integer)."""
+        return self._typed(key, default, lambda v: type(v) is int and lo <= v <= hi, f"an integer in [{lo}, {hi}]")
+
+    def get_float(self, key: str, lo: float, hi: float, default: Any = _MISSING) -> Any:
+        """A finite number in (lo, hi]."""
+
+        def ok(v: Any) -> bool:
+            return type(v) in (int, float) and lo < v <= hi
+
+        return float(self._typed(key, default, ok, f"a finite number in ({lo:g}, {hi:g}]"))
+
+    def get_str(self, key: str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, lambda v: isinstance(v, str), "a string")
+
+    def get_bool(self, key: str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, lambda v: isinstance(v, bool), "a bool")
+
+    def get_list(self, key: str, elem: type, default: Any = _MISSING) -> Any:
+        """An array whose every element has Python type `elem` (str, int, ...)."""
+        name = {str: "strings", int: "integers"}.get(elem, elem.__name__)
+        return self._typed(
+            key, default, lambda v: isinstance(v, list) and all(type(x) is elem for x in v), f"an array of {name}"
+        )
 
     def close(self) -> None:
         if isinstance(self._buf, mmap.mmap):
@@ -236,17 +276,21 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
         raise GGUFError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata entries; the file is corrupt")
 
     metadata: dict[str, Any] = {}
+    prev = ""
     for i in range(n_kv):
-        key = cur.string(f"metadata key #{i}")
+        # a bad length or count in an earlier entry shows up here: say which entry came before
+        key = cur.string(f"metadata key #{i}" + (f" (after metadata {prev!r})" if prev else ""))
         metadata[key] = cur.value(cur.u32(f"type of {key!r}"), f"metadata {key!r}")
+        prev = key
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+    if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):
         raise GGUFError(f"{path}: general.alignment must be a positive power of two, got {alignment!r}")
 
     infos: list[tuple[str, tuple[int, ...], GGMLType, int]] = []
     for i in range(n_tensors):
-        name = cur.string(f"name of tensor #{i}")
+        after = f"after tensor {infos[-1][0]!r}" if infos else f"after metadata {prev!r}, the last of {n_kv}"
+        name = cur.string(f"name of tensor #{i} ({after})")
         n_dims = cur.u32(f"dimension count of {name!r}")
         if not 1 <= n_dims <= _MAX_DIMS:
             raise GGUFError(f"{path}: tensor {name!r} has {n_dims} dimensions, expected 1..{_MAX_DIMS}")
@@ -264,7 +308,10 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
         if name in tensors:
             raise GGUFError(f"{path}: tensor {name!r} appears twice")
         if rel % alignment:
-            raise GGUFError(f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}")
+            raise GGUFError(
+                f"{path}: tensor {name!r} offset {rel} is not a multiple of the alignment {alignment} "
+                "(general.alignment, default 32)"
+            )
         try:
             nbytes = tensor_nbytes(ggml_type, dims)
         except ValueError as exc:
@@ -276,7 +323,28 @@ def _parse(buf: mmap.mmap | bytes, path: Path) -> GGUFFile:
                 f"{len(buf)} bytes (truncated download?)"
             )
         tensors[name] = TensorInfo(name, dims, ggml_type, start, nbytes)
+    _check_packing(path, tensors, data_offset, alignment, len(buf))
     return GGUFFile(path, version, metadata, tensors, alignment, data_offset, buf)
+
+
+def _check_packing(path: Path, tensors: dict[str, TensorInfo], data_offset: int, alignment: int, size: int) -> None:
+    """Tensor data is packed in tensor-info order, each padded to the alignment (llama.cpp's gguf reader
+    requires exactly this), so a wrong type, dims or offset in any tensor info shows up here."""
+    pos, prev = data_offset, ""
+    for t in tensors.values():
+        if t.offset != pos:
+            before = f"tensor {prev!r} ends (padded) at {pos}" if prev else f"the data section starts at {pos}"
+            raise GGUFError(
+                f"{path}: tensor {t.name!r} has its data at byte {t.offset}, but {before}; GGUF packs tensors in "
+                "order, so its offset, or the type or dims of a tensor before it, is corrupt"
+            )
+        pos, prev = t.offset + -(-t.nbytes // alignment) * alignment, t.name
+    if prev and size > pos:  # writers end the file at the last tensor's (padded) end: more means a wrong size
+        last = tensors[prev]
+        raise GGUFError(
+            f"{path}: {size - last.offset - last.nbytes} bytes follow the last tensor {prev!r} "
+            f"({last.ggml_type.name}, dims {last.dims}); its type or dims are corrupt, or bytes were appended"
+        )
 
 
 def _count_limit(cur: _Cursor) -> int:

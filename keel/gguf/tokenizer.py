@@ -7,6 +7,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from ..hf.tokenizer_files import TokenizerError, compile_template
 from .reader import GGUFError, GGUFFile
 
 # token_type values (llama.cpp llama_token_type)
@@ -35,14 +36,14 @@ class ConvertedTokenizer:
 
 def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedTokenizer:
     """A GPT-2 style byte-level BPE tokenizer from ``tokenizer.ggml.*``; other models are refused."""
-    kind = gguf.require("tokenizer.ggml.model")
+    kind = gguf.get_str("tokenizer.ggml.model")
     if kind != "gpt2":
         raise GGUFError(f"{gguf.path}: tokenizer.ggml.model is {kind!r}; keel converts only 'gpt2' (byte-level BPE)")
-    tokens: list[str] = gguf.require("tokenizer.ggml.tokens")
-    merges: list[str] = gguf.require("tokenizer.ggml.merges")
-    types: list[int] = gguf.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens[:16]):
-        raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens must be an array of strings")
+    tokens: list[str] = gguf.get_list("tokenizer.ggml.tokens", str)
+    merges: list[str] = gguf.get_list("tokenizer.ggml.merges", str)
+    types: list[int] = gguf.get_list("tokenizer.ggml.token_type", int, default=None) or [TOKEN_NORMAL] * len(tokens)
+    if not tokens:
+        raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens is empty; expected the vocabulary")
     if len(types) != len(tokens):
         raise GGUFError(f"{gguf.path}: tokenizer.ggml.token_type has {len(types)} entries, expected {len(tokens)}")
     vocab = {tok: i for i, tok in enumerate(tokens)}
@@ -52,16 +53,23 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
     for i, merge in enumerate(merges):
         parts = merge.split(" ")
         if len(parts) != 2:
-            raise GGUFError(f"{gguf.path}: merge #{i} {merge!r} must be two tokens separated by one space")
+            raise GGUFError(
+                f"{gguf.path}: tokenizer.ggml.merges[{i}] {merge!r} must be two tokens separated by one space"
+            )
         pairs.append((parts[0], parts[1]))
 
-    pre = gguf.get("tokenizer.ggml.pre")
+    pre = gguf.get_str("tokenizer.ggml.pre", None)
     if pre not in _GPT2_PRE and pre not in _DIGIT_SPLIT_PRE:
         raise GGUFError(
             f"{gguf.path}: tokenizer.ggml.pre is {pre!r}, a pre-tokenizer keel does not reproduce; supported: "
             f"{', '.join(SUPPORTED_PRE)} (or absent). Splitting it like GPT-2 would tokenize some text differently"
         )
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    except Exception as exc:  # tokenizers raises a bare Exception, e.g. for a merge of unknown tokens
+        raise GGUFError(
+            f"{gguf.path}: tokenizer.ggml.tokens / tokenizer.ggml.merges do not form a BPE: {exc}"
+        ) from None
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     if pre in _DIGIT_SPLIT_PRE:
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
@@ -86,7 +94,7 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
     )
 
     def token_at(key: str) -> tuple[int | None, str | None]:
-        idx = gguf.get(key)
+        idx = gguf.get_int(key, 0, 2**63, default=None)
         if idx is None:
             return None, None
         if not 0 <= idx < len(tokens):
@@ -97,7 +105,9 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
     eos_id, eos = token_at("tokenizer.ggml.eos_token_id")
     unk_id, unk = token_at("tokenizer.ggml.unknown_token_id")
     pad_id, pad = token_at("tokenizer.ggml.padding_token_id")
-    if gguf.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
+    add_bos = gguf.get_bool("tokenizer.ggml.add_bos_token", False)
+    add_eos = gguf.get_bool("tokenizer.ggml.add_eos_token", False)
+    if add_bos and bos is not None:
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
         )
@@ -105,14 +115,18 @@ def build_tokenizer(gguf: GGUFFile, max_length: int | None = None) -> ConvertedT
     special = {k: v for k, v in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)) if v}
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(gguf.get("tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(gguf.get("tokenizer.ggml.add_eos_token", False)),
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
         "add_prefix_space": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": max_length or 1_000_000_000,
         **special,
     }
-    template = gguf.get("tokenizer.chat_template")
+    template = gguf.get_str("tokenizer.chat_template", None)
     if template:
+        try:  # a broken template fails here, not when the converted model loads
+            compile_template(template, f"{gguf.path}: tokenizer.chat_template")
+        except TokenizerError as exc:
+            raise GGUFError(str(exc)) from None
         config["chat_template"] = template
     return ConvertedTokenizer(tok, config, special, bos_id, eos_id, pad_id)

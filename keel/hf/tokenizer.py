@@ -2,61 +2,60 @@
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .fields import FieldReader
+from .tokenizer_files import (
+    TokenizerError,
+    check_ids_fit,
+    compile_template,
+    load_template,
+    load_tokenizers,
+    read_json_object,
+    token_text,
+)
 
-class TokenizerError(ValueError):
-    """A tokenizer or chat template that is missing or cannot be used."""
-
-
-def _token_text(value: Any) -> str | None:
-    """`tokenizer_config.json` stores special tokens as a string or as an AddedToken dict."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value if isinstance(value, str) else None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{path} is not valid JSON: {exc}") from exc
-    return data if isinstance(data, dict) else {}
+__all__ = ["IncrementalDetokenizer", "Tokenizer", "TokenizerError"]
 
 
 class Tokenizer:
-    """Encode/decode text and render chat templates for one checkpoint folder."""
+    """Encode/decode text and render chat templates for one checkpoint folder.
+
+    Everything is checked at construction (tokenizer.json, tokenizer_config.json's special tokens,
+    the chat template, which is compiled here, the eos ids), so a broken file fails when the model loads.
+    """
 
     def __init__(self, folder: Path) -> None:
-        from tokenizers import Tokenizer as HFTokenizer
+        self._tok, raw = load_tokenizers(folder / "tokenizer.json")
+        model_cfg = read_json_object(folder / "config.json")
+        vocab_size = model_cfg.get("vocab_size")
+        check_ids_fit(folder / "tokenizer.json", raw, vocab_size)
+        cfg_path = folder / "tokenizer_config.json"
+        cfg = read_json_object(cfg_path)
+        self.bos_token = self._special(cfg, "bos_token", cfg_path)
+        self.eos_token = self._special(cfg, "eos_token", cfg_path)
+        self.chat_template, where = load_template(folder, cfg)
+        self._compiled: Any = None if self.chat_template is None else compile_template(self.chat_template, where)
+        vocab = vocab_size if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) else None
+        gen_path = folder / "generation_config.json"
+        gen = FieldReader(read_json_object(gen_path), str(gen_path), TokenizerError)
+        gen.token_ids("bos_token_id", vocab, allow_list=False)
+        eos = list(gen.token_ids("eos_token_id", vocab))
+        if not eos:  # generation_config.json wins over config.json
+            eos = list(
+                FieldReader(model_cfg, str(folder / "config.json"), TokenizerError).token_ids("eos_token_id", vocab)
+            )
+        if self.eos_token is not None:
+            eos.append(self._tok.token_to_id(self.eos_token))
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))
 
-        path = folder / "tokenizer.json"
-        if not path.is_file():
-            raise TokenizerError(f"tokenizer.json not found in {folder}; keel needs a fast (tokenizers) tokenizer")
-        try:
-            self._tok = HFTokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception on parse errors
-            raise TokenizerError(f"cannot load {path}: {exc}") from exc
-        cfg = _read_json(folder / "tokenizer_config.json")
-        self.bos_token = _token_text(cfg.get("bos_token"))
-        self.eos_token = _token_text(cfg.get("eos_token"))
-        self.chat_template = _load_template(folder, cfg)
-        self._compiled: Any = None
-        gen = _read_json(folder / "generation_config.json")
-        model_cfg = _read_json(folder / "config.json")
-        eos: list[int] = []
-        for source in (gen.get("eos_token_id"), model_cfg.get("eos_token_id")):
-            if source is not None:
-                eos += source if isinstance(source, list) else [source]
-                break  # generation_config.json wins over config.json
-        if self.eos_token is not None and (tid := self._tok.token_to_id(self.eos_token)) is not None:
-            eos.append(tid)
-        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(e) for e in eos))
+    def _special(self, cfg: dict[str, Any], key: str, path: Path) -> str | None:
+        """A special token of tokenizer_config.json, which must be a token of tokenizer.json."""
+        text = token_text(cfg, key, path)
+        if text is not None and self._tok.token_to_id(text) is None:
+            raise TokenizerError(f"{path}: {key} {text!r} is not a token of tokenizer.json")
+        return text
 
     @property
     def vocab_size(self) -> int:
@@ -76,8 +75,6 @@ class Tokenizer:
                 "this model has no chat template (tokenizer_config.json or chat_template.jinja); "
                 "use plain generation instead"
             )
-        if self._compiled is None:
-            self._compiled = _compile(self.chat_template)
         return self._compiled.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
@@ -88,46 +85,6 @@ class Tokenizer:
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Template then tokenize; the template already holds the special tokens it wants."""
         return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
-
-
-def _load_template(folder: Path, cfg: dict[str, Any]) -> str | None:
-    """`chat_template.jinja` wins over `tokenizer_config.json`'s `chat_template` (str or named list)."""
-    jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
-    template = cfg.get("chat_template")
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default") or next(iter(named.values()), None)
-    return template if isinstance(template, str) else None
-
-
-def _compile(source: str) -> Any:
-    """Compile a template in the sandbox, with the helpers transformers provides to templates."""
-    from jinja2 import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise TemplateError(message)
-
-    def tojson(
-        x: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: Any = None,
-        sort_keys: bool = False,
-    ) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(source)
-    except TemplateError as exc:
-        raise TokenizerError(f"chat template does not compile: {exc}") from exc
 
 
 class IncrementalDetokenizer:

@@ -1,30 +1,58 @@
-"""Read safetensors checkpoints (single file or sharded with an index), with progress for large ones."""
+"""Read safetensors checkpoints (single file or sharded with an index), with progress for large ones.
+
+`validate_checkpoint` is what `load_model` calls first: from the headers alone (no tensor data), every
+tensor the config implies must be present with the implied shape and a floating dtype, and every
+tensor present must be one the model loads (keel refuses unknown tensors rather than ignoring them).
+Errors name the file, the tensor and the config fields that imply its shape.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 
+from .checkpoint import FLOAT_DTYPES, expected_tensors, skipped, why_unexpected
+from .config import ModelConfig
+from .safetensors_header import SafetensorsHeader, TensorEntry, WeightsError, read_header
+
+__all__ = ["INDEX", "WeightsError", "iter_weights", "read_headers", "validate_checkpoint", "weight_files"]
+
+INDEX = "model.safetensors.index.json"
 _PROGRESS_MIN_BYTES = 64 << 20  # show a bar only when there is something to wait for
 
 
-class WeightsError(ValueError):
-    """Checkpoint weights that are missing, corrupt, truncated or do not fit the model."""
+def _index_shards(index: Path) -> list[str]:
+    """The shard file names an index lists, in order; each must be a plain `*.safetensors` name in the folder."""
+    try:
+        raw = json.loads(index.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WeightsError(f"{index} is not valid JSON ({exc}); expected an object with a 'weight_map'") from exc
+    except OSError as exc:
+        raise WeightsError(f"cannot read {index}: {exc}") from exc
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise WeightsError(
+            f"{index}: weight_map must be a non-empty object (tensor name -> shard file), got {weight_map!r:.60}"
+        )
+    shards = []
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard.endswith(".safetensors") or PurePosixPath(shard).name != shard:
+            raise WeightsError(
+                f"{index}: weight_map[{name!r}] must be a .safetensors file name in the same folder, got {shard!r:.60}"
+            )
+        shards.append(shard)
+    return list(dict.fromkeys(shards))
 
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint, in index order when sharded."""
-    index = folder / "model.safetensors.index.json"
+    index = folder / INDEX
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise WeightsError(f"{index} is not a valid safetensors index (expected a 'weight_map' object)") from exc
-        files = [folder / name for name in dict.fromkeys(weight_map.values())]
+        files = [folder / name for name in _index_shards(index)]
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
     else:
@@ -33,12 +61,82 @@ def weight_files(folder: Path) -> list[Path]:
         raise WeightsError(f"no safetensors weights in {folder}; expected model.safetensors or an index")
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
-        raise WeightsError(f"safetensors shards listed in the index are missing: {', '.join(missing)}")
+        raise WeightsError(f"{index}: the safetensors shards it lists are missing: {', '.join(missing)}")
+    if index.is_file():
+        _check_index_covers(index, files)
     return files
 
 
+def _check_index_covers(index: Path, files: list[Path]) -> None:
+    """Each tensor the index places in a shard must be in that shard's header."""
+    weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    present = {f.name: set(read_header(f).tensors) for f in files}
+    for name, shard in weight_map.items():
+        if name not in present[shard]:
+            raise WeightsError(f"{index}: weight_map puts tensor {name!r} in {shard}, whose header does not hold it")
+
+
+def read_headers(folder: Path) -> dict[str, tuple[Path, TensorEntry]]:
+    """Every tensor of the checkpoint in `folder` -> (its file, its header entry), headers only."""
+    files = weight_files(folder)
+    headers: dict[Path, SafetensorsHeader] = {f: read_header(f) for f in files}
+    seen: dict[str, tuple[Path, TensorEntry]] = {}
+    for file, header in headers.items():
+        for name, entry in header.tensors.items():
+            if name in seen:
+                raise WeightsError(f"{file}: tensor {name!r} is also in {seen[name][0]}; which one to load is unclear")
+            seen[name] = (file, entry)
+    return seen
+
+
+def validate_checkpoint(folder: Path, cfg: ModelConfig) -> dict[str, tuple[Path, TensorEntry]]:
+    """Check every tensor's presence, dtype and shape against `cfg`, reading headers only; returns them."""
+    seen = read_headers(folder)
+    expected = expected_tensors(cfg)
+    unknown = sorted(n for n in seen if n not in expected and not skipped(n, cfg))
+    if unknown:
+        file = seen[unknown[0]][0]
+        more = f" (and {len(unknown) - 1} more: {', '.join(unknown[1:4])}...)" if len(unknown) > 1 else ""
+        raise WeightsError(
+            f"{file}: tensor {unknown[0]!r} is not part of {cfg.architecture} as config.json describes it "
+            f"({why_unexpected(unknown[0], cfg)}){more}; keel refuses tensors it would not load"
+        )
+    for name, (file, e) in seen.items():
+        if skipped(name, cfg):
+            continue
+        shape, why = expected[name]
+        if e.dtype not in FLOAT_DTYPES:
+            raise WeightsError(
+                f"{file}: tensor {name!r} has dtype {e.dtype}; keel loads {', '.join(FLOAT_DTYPES)} weights"
+            )
+        if e.shape != shape:
+            raise WeightsError(f"{file}: tensor {name!r} has shape {e.shape}, but config.json ({why}) implies {shape}")
+    missing = [n for n in expected if n not in seen]
+    if missing:
+        index = folder / INDEX
+        where = index if index.is_file() else next(iter(seen.values()), (folder / "model.safetensors",))[0]
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        why = expected[missing[0]][1]
+        if missing[0].startswith("model.layers."):
+            why += f", num_hidden_layers={cfg.num_hidden_layers}"
+        raise WeightsError(f"{where}: {len(missing)} tensors that config.json implies are missing ({why}): {shown}")
+    return seen
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN and no infinity in a floating tensor (aminmax propagates both; 20x faster than isfinite on bf16)."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 def iter_weights(folder: Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield `(name, tensor)` for every tensor of the checkpoint in `folder` (CPU, stored dtype)."""
+    """Yield `(name, tensor)` for every tensor of the checkpoint in `folder` (CPU, stored dtype).
+
+    Each file's header is validated first (keel/hf/safetensors_header.py); a floating tensor holding a
+    NaN or an infinity is refused (no trained checkpoint has one: it is a corrupt file).
+    """
     from safetensors import safe_open
 
     files = weight_files(folder)
@@ -57,10 +155,15 @@ def iter_weights(folder: Path, progress: bool = True) -> Iterator[tuple[str, tor
         )
     try:
         for file in files:
+            read_header(file)
             try:
                 with safe_open(str(file), framework="pt", device="cpu") as f:
                     for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                         tensor = f.get_tensor(name)
+                        if not _finite(tensor):
+                            raise WeightsError(
+                                f"{file}: tensor {name!r} holds NaN or infinite values; the file is corrupt"
+                            )
                         if bar is not None:
                             bar.update(tensor.numel() * tensor.element_size())
                         yield name, tensor

@@ -5,7 +5,7 @@ request validation, continuous batching, abort, preemption under a small KV pool
 from __future__ import annotations
 
 import pytest
-import torch
+from support.parity import assert_greedy_parity, reference_greedy
 from tiny_checkpoints import needs_ops
 
 from keel.engine import LLM, LLMEngine, SamplingParams
@@ -59,11 +59,9 @@ def test_paged_kernels_greedy_match_transformers(arch, engines, hf_models):
     llm, hf = engines(arch), hf_models(arch)
     ids = llm.tokenizer.encode(PROMPTS[1])  # 40 new tokens: the context crosses 16-token blocks
     out = llm.generate([ids], SamplingParams(max_tokens=40, ignore_eos=True))[0]
-    seq = torch.tensor([ids])
-    with torch.no_grad():  # greedy by full recomputation: no cache on the reference side
-        for _ in range(40):
-            seq = torch.cat([seq, hf(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert out.token_ids == seq[0, len(ids) :].tolist()
+    # greedy by full recomputation on the reference side; equal up to its first near-tie (fp32: 2e-3,
+    # 10x twice the logit bound of tests/engine/test_models_parity.py)
+    assert_greedy_parity(out.token_ids, *reference_greedy(hf, ids, 40), 2e-3, f"{arch} paged keel vs transformers")
 
 
 def test_add_request_rejects_bad_input(engines):

@@ -23,6 +23,7 @@ def load(name: str):
 
 
 pipeline = load("pipeline")
+checks = sys.modules[pipeline.Row.__module__]  # scripts/pipeline_checks.py, as pipeline.py imported it
 
 
 def test_probe_hashes_what_the_process_mapped_not_what_lies_on_disk(tmp_path):
@@ -104,26 +105,102 @@ def test_a_torch_pip_cannot_install_is_a_clear_error(tmp_path):
     assert "Free disk space" in str(err) and "--targets" not in str(err)
 
 
-def test_table_marks_different_tokens():
-    same = pipeline.Row(
-        "2.13.0",
-        "2.14.1",
-        "3.11",
-        "e",
-        libraries_same=True,
-        libraries="yes (1/1 mapped)",
-        op_tests="9 passed, 0 skipped",
-        op_tests_ok=True,
-        tok_s=1.0,
-        ttft_ms=2.0,
-        token_ids=[1, 2],
-        tokens_same=True,
+def _row(**kw):
+    base = dict(libraries_same=True, libraries="yes (1/1 mapped)", op_tests="9 passed, 0 skipped", op_tests_ok=True)
+    base |= dict(test_counts={"keel": [5, 0, 1], "deep_gemm": [3, 0, 0], "flash_attn": [4, 0, 2]}, tok_s=1.0)
+    base |= dict(torch_a="2.13.0", torch_b="2.14.1", python="3.11", env="e", ttft_ms=2.0)
+    return pipeline.Row(**(base | kw))
+
+
+def test_rows_hold_logits_and_tokens_to_torch_a():
+    """Tokens count up to A's first near-tie; logits on A's tokens must stay within LOGIT_ATOL."""
+    ref = {"token_ids": [1, 2, 3, 4], "margins": [5.0, 5.0, 0.125, 5.0]}  # A's near-tie at token 2
+    same_logits = {"reference": {"max_abs": 0.0, "mean_abs": 0.0, "positions": 40}, "token_ids": []}
+    rows = {}
+    for name, tokens, result in [
+        ("equal", [1, 2, 3, 4], same_logits),
+        ("after the tie", [1, 2, 9, 9], same_logits),
+        ("before the tie", [1, 9, 3, 4], same_logits),
+        ("logits off", [1, 2, 3, 4], {"reference": {"max_abs": 0.5, "mean_abs": 0.01, "positions": 40}}),
+        ("not compared", [1, 2, 3, 4], {"reference": None}),
+    ]:
+        row = _row(token_ids=tokens)
+        checks.check_probe_ops(
+            row, [{"op": "x", "device": "cpu", "dtype": "float32", "rel": 0.0, "bound": 1e-5, "ok": True}]
+        )
+        checks.compare_to_reference(row, result, ref)
+        rows[name] = row
+    assert (
+        rows["equal"].ok
+        and "yes: 4/4 equal; must be equal: those before A's first margin < 0.5: token 2 (0.125)"
+        in rows["equal"].tokens
     )
-    other = pipeline.Row(**{**same.__dict__, "torch_b": "2.15.0", "token_ids": [1, 3], "tokens_same": False})
-    text = pipeline.table([same, other], "STABLE", "2.10")
-    assert "| 2.14.1 | 3.11 | yes (1/1 mapped) | STABLE, torch>=2.10 |" in text and "| yes (2) |" in text
-    assert "| NO (2) |" in text
-    assert same.ok and not other.ok
+    assert rows["after the tie"].ok and "yes: 2/4 equal" in rows["after the tie"].tokens
+    assert not rows["before the tie"].ok and "NO: 1/4 equal" in rows["before the tie"].tokens
+    assert not rows["logits off"].ok and "> 0.25" in rows["logits off"].logits
+    assert not rows["not compared"].ok and "NOT compared" in rows["not compared"].logits
+    a = _row(torch_b="2.13.0", token_ids=[1, 2, 3, 4])
+    checks.check_probe_ops(a, [{"op": "x", "device": "cpu", "dtype": "float32", "rel": 0.0, "bound": 1e-5, "ok": True}])
+    checks.compare_to_reference(a, {"token_ids": [1, 2, 3, 4]}, None)  # torch A is its own reference
+    assert a.ok and a.tokens == "(reference: 4 tokens)"
+    text = pipeline.table([a, *rows.values()], "STABLE", "2.10")
+    assert "| keel tests p / f / s | deep_gemm tests p / f / s | flash_attn tests p / f / s |" in text
+    assert "| STABLE, torch>=2.10 | 5 / 0 / 1 | 3 / 0 / 0 | 4 / 0 / 2 | - |" in text  # no vendored-loader count
+
+
+def test_probe_ops_beyond_their_bound_fail_the_row():
+    row = _row()
+    ok = {"op": "rms_norm", "device": "cpu", "dtype": "bfloat16", "rel": 4e-3, "bound": 1e-2, "ok": True}
+    bad = {
+        "op": "deep_gemm.fp8_gemm_nt vs unquantized",
+        "device": "cpu",
+        "dtype": "bfloat16",
+        "rel": 0.2,
+        "bound": 0.08,
+    }
+    checks.check_probe_ops(row, [ok, {**bad, "ok": False}])
+    assert row.probe_ops_ok is False and row.probe_ops.startswith("1/2 within bounds; EXCEEDED: deep_gemm")
+    checks.check_probe_ops(row, [])  # a probe that checked nothing does not pass
+    assert row.probe_ops_ok is False
+
+
+def test_op_tests_are_counted_per_library(tmp_path):
+    junit = tmp_path / "j.xml"
+    cases = [
+        ("tests.ops.test_rms_norm", ""),
+        ("tests.test_native", "<skipped/>"),
+        ("tests.vendored.deep_gemm.test_gemm", ""),
+        ("tests.vendored.deep_gemm.test_gemm", "<failure/>"),
+        ("tests.vendored.flash_attn.test_ops", "<error/>"),
+        ("tests.vendored.flash_attn.test_ops", "<skipped/>"),
+        ("tests.vendored.test_loader", ""),
+    ]
+    body = "".join(f'<testcase classname="{c}" name="t{i}">{x}</testcase>' for i, (c, x) in enumerate(cases))
+    junit.write_text(f'<testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
+    assert pipeline.count_tests(junit) == {
+        "keel": [1, 0, 1],
+        "deep_gemm": [1, 1, 0],
+        "flash_attn": [0, 1, 1],
+        "vendored loader": [1, 0, 0],
+    }
+    assert "tests/vendored" in pipeline.OP_TESTS
+
+
+def test_demo_ops_bounds_catch_a_wrong_fp8_gemm(monkeypatch):
+    """Every op of the installed wheel is within its bound; an FP8 GEMM 20% off is not."""
+    demo_ops = load("demo_ops")
+    from keel.vendored import deep_gemm as dg
+
+    assert all(c.ok for c in demo_ops.checks()), demo_ops.table(demo_ops.checks())
+    real = dg.fp8_gemm_nt
+
+    def off(a, b, d, *args, **kw):
+        real(a, b, d, *args, **kw)
+        d.mul_(1.2)
+
+    monkeypatch.setattr(dg, "fp8_gemm_nt", off)
+    bad = [c.op for c in demo_ops.checks() if not c.ok]
+    assert bad and all(op.startswith("deep_gemm.fp8_gemm_nt") for op in bad), bad
 
 
 def test_pipeline_help_runs_without_torch():
@@ -186,7 +263,7 @@ def test_build_env_gets_the_runtime_requirements_before_fetch_demo(tmp_path, mon
     monkeypatch.setattr(pipeline, "installed_torch", lambda env: "2.13.0")
     monkeypatch.setattr(pipeline, "audit", lambda *a: ("STABLE", "2.10"))
     monkeypatch.setattr(pipeline, "run", lambda cmd, log, **kw: calls.append(" ".join(map(str, cmd))))
-    monkeypatch.setattr(pipeline, "run_row", lambda row, *a, **kw: calls.append("row") or row)
+    monkeypatch.setattr(pipeline, "run_row", lambda row, *a, **kw: calls.append("row") or (row, None))
     pipeline.main(["--targets", "2.14.1", "--below-floor", "", "--build-env", str(tmp_path / "venv")])
     fetch = next(i for i, c in enumerate(calls) if "models fetch-demo" in c)
     deps = [i for i, c in enumerate(calls) if "pip install" in c and " numpy " in f"{c} "]

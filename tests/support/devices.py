@@ -7,7 +7,11 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU"))]
+# the CUDA case carries the `cuda` marker, so `pytest -m cuda` (scripts/device_check.sh) selects it
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]),
+]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 # (atol, rtol) per dtype for comparisons against a float32 reference

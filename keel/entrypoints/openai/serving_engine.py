@@ -192,6 +192,14 @@ class OpenAIServing:
                 prompt_ids.append(ptoks)
                 params.append(self.sampling_params(req, mt, j))
                 choices[sub] = Choice(index=index, prompt_index=p, prompt_tokens=len(ptoks))
+        bound = self.engine.max_admitted
+        if len(ids) > bound:  # 503 would say "retry later" to a request no retry can ever get admitted
+            raise bad_request(
+                f"this request asks for {len(ids)} sequences ({len(prompts)} prompt(s) x n={req.n}); this "
+                f"server admits at most {bound} at once (--max-num-seqs + --max-waiting): lower n or send "
+                f"fewer prompts per request",
+                "n",
+            )
         try:
             stream = await self.engine.open(ids, prompt_ids, params)
         except Overloaded as exc:

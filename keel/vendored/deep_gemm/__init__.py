@@ -33,8 +33,10 @@ def fp8_gemm_nt(
     recipe: tuple[int, int, int] | None = None,
     disable_ue8m0_cast: bool = False,
 ) -> None:
-    """d = c + a @ b.T for a = (e4m3 [M, K], fp32 scales [M, ceil(K/128)]) and
-    b = (e4m3 [N, K], fp32 scales [ceil(N/128), ceil(K/128)]); d bf16/fp32 [M, N] is written in place."""
+    """d = c + a @ b.T for a = (e4m3 [M, K], fp32 scales [M, ceil(K/128)]) and b = (e4m3 [N, K], fp32 scales):
+    `recipe` (1, 128, 128) or None: one scale per 128 x 128 block of b, [ceil(N/128), ceil(K/128)];
+    (1, 1, 128): one per 1 x 128 group of each row, [N, ceil(K/128)] (keel's FP8 linear default, made by
+    `per_token_cast_to_fp8(w)`). d bf16/fp32 [M, N] is written in place."""
     (a_val, sfa), (b_val, sfb) = a, b
     rm, rn, rk = recipe if recipe is not None else (None, None, None)
     _lib.fp8_gemm_nt.default(a_val, sfa, b_val, sfb, d, c, rm, rn, rk, disable_ue8m0_cast)

@@ -232,6 +232,11 @@ def _fwd_kvcache_fake(
             vc.fail(f"{op}: k_cache block size (dim 1) must be positive, got {kc.shape[1]}")
         if bt.dim() != 2:
             vc.fail(f"{op}: block_table must be 2-D [batch_size, max_blocks], got shape {vc.shape(bt)}")
+        if bt.shape[1] * kc.shape[1] > vc.INT32_MAX:
+            vc.fail(
+                f"{op}: block_table holds more keys per sequence ({bt.shape[1]} blocks of {kc.shape[1]}) "
+                "than a 32-bit int counts"
+            )
     elif kc.shape[0] != b:
         vc.fail(f"{op}: k_cache must be [batch_size={b}, seqlen_k, h_k, d] without a block_table, got {vc.shape(kc)}")
     if (lens := t["cache_seqlens"]) is not None:

@@ -93,3 +93,24 @@ def test_cast_bad_inputs():
 def test_opcheck_casts():
     torch.library.opcheck(OPS.per_token_cast_to_fp8.default, (torch.randn(3, 200), False, 128))
     torch.library.opcheck(OPS.per_block_cast_to_fp8.default, (torch.randn(130, 20).bfloat16(), True))
+
+
+def test_ue8m0_scale_is_never_below_amax_over_448():
+    # amax just above 448 * 2^k: float32 log2 of amax / 448 rounds to k, so 2^ceil(log2(s)) computed in
+    # float gives 2^k < s (values would saturate); the scale must be the power of two at or above s
+    found = []
+    for k in range(2, 12):
+        a = torch.tensor(448.0 * 2**k)
+        for _ in range(64):
+            a = torch.nextafter(a, torch.tensor(float("inf")))
+            if float(a / 448) > 2.0**k and float(torch.log2(a / 448)) == k:
+                found.append(float(a))
+                break
+    assert len(found) >= 4, "no amax whose float32 log2 rounds down: the case this test is about is missing"
+    x = torch.tensor(found).view(-1, 1)
+    exact = torch.exp2(torch.ceil(torch.log2((x / 448).double()))).view(-1)
+    q, sf = dg.per_token_cast_to_fp8(x, use_ue8m0=True)  # one group per row
+    assert torch.equal(sf.double().view(-1), exact)
+    assert not bool((q.float().abs() == 448).any()), "a value saturated: its scale was below amax / 448"
+    q, sf = dg.per_block_cast_to_fp8(x, use_ue8m0=True)  # one block: the largest amax
+    assert float(sf) == float(exact.max()) and not bool((q.float().abs() == 448).any())

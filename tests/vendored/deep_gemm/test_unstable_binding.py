@@ -53,7 +53,7 @@ def _build_unstable(out: Path) -> Path:
         objects.append(obj)
     binding = out / "binding.o"
     jobs.append(
-        common
+        [*common, "-std=c++20"]  # the last -std wins: torch 2.14's own headers use C++20 `requires` clauses
         + [
             f"-isystem{TORCH / 'include'}",
             f"-isystem{TORCH / 'include/torch/csrc/api/include'}",

@@ -56,7 +56,9 @@ struct Flash_fwd_params : public Qkv_params {
   int* __restrict__ block_table = nullptr;  // [b, max_blocks] int32: K/V are paged when set
   index_t block_table_batch_stride = 0;
   int page_block_size = 0;
-  int num_blocks = 0;  // blocks in the paged cache (for the range check)
+  int num_blocks = 0;              // blocks in the paged cache (for the range check)
+  int max_num_blocks_per_seq = 0;  // columns of block_table (keel addition: the CUDA kernel's range check)
+  int total_k = 0;                 // rows of k in unpaged varlen mode (keel addition: the same)
 
   int window_size_left = -1, window_size_right = -1;  // -1: unbounded
   bool is_causal = false;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -54,6 +55,19 @@ void check_float(const char* name, const TensorView& t, int ndim) {
   FLASH_REQUIRE(t.ndim == ndim, name, " must be ", ndim, "-D, got shape ", shape(t));
   FLASH_REQUIRE(t.stride(-1) == 1 || t.size(-1) == 1, name, " must have a contiguous last dimension, got strides",
                 " with stride(-1) = ", t.stride(-1));
+}
+
+std::string device_str(const TensorView& t) { return t.is_cuda ? "cuda:" + std::to_string(t.device_index) : "cpu"; }
+
+// Every argument on q's device (upstream: CHECK_DEVICE): a CUDA kernel given a pointer of another
+// GPU would read that GPU's memory through peer access, or fault.
+void check_device(const char* name, const TensorView& t, const TensorView& q) {
+  FLASH_REQUIRE(t.is_cuda == q.is_cuda && t.device_index == q.device_index, name, " must be on the device of q (",
+                device_str(q), "), got ", device_str(t));
+}
+
+void check_device(const char* name, const std::optional<TensorView>& t, const TensorView& q) {
+  if (t) check_device(name, *t, q);
 }
 
 void check_same(const char* name, const TensorView& t, const char* ref_name, const TensorView& ref) {
@@ -166,16 +180,16 @@ int num_splits_heuristic(int64_t items, int seqlen_k, int num_threads) {
 }
 
 void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, void* stream) {
+  FLASH_REQUIRE(num_splits >= 0 && num_splits <= 128, "num_splits must be in [0, 128], got ", num_splits);
   if (cuda) {
     FLASH_REQUIRE(g_cuda_launcher != nullptr, "device tensors given, but this build has no CUDA kernels");
-    params.num_splits = 1;
+    params.num_splits = 1;  // no split-K on CUDA: every value of num_splits computes the same
     g_cuda_launcher(params, stream);
     t_last_stats = SplitKvStats{1, 0};
     return;
   }
   const int64_t items = int64_t(params.b) * (params.h_k / cpu_kv_heads_per_item(params)) *
                         ((params.seqlen_q + block_m_hint - 1) / block_m_hint);
-  FLASH_REQUIRE(num_splits >= 0 && num_splits <= 128, "num_splits must be in [0, 128], got ", num_splits);
   params.num_splits = num_splits > 0 ? num_splits : num_splits_heuristic(items, params.seqlen_k, g_num_threads);
   std::vector<float> oaccum, lseaccum;
   if (params.num_splits > 1) {  // set_params_splitkv: fp32 partials per split
@@ -234,6 +248,13 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
   t_last_stats = SplitKvStats{};
   const bool paged = block_table.has_value();
   const bool cuda = q.is_cuda;
+  check_device("k", k, q);
+  check_device("v", v, q);
+  check_device("out", out, q);
+  check_device("cu_seqlens_q", cu_seqlens_q, q);
+  check_device("cu_seqlens_k", cu_seqlens_k, q);
+  check_device("seqused_k", seqused_k, q);
+  check_device("block_table", block_table, q);
   check_float("q", q, 3);
   check_float("k", k, paged ? 4 : 3);
   check_float("v", v, paged ? 4 : 3);
@@ -256,9 +277,16 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
   const int* cu_k = cu_seqlens_k ? int_vector("cu_seqlens_k", *cu_seqlens_k, b + 1) : nullptr;
   const int* used_k = seqused_k ? int_vector("seqused_k", *seqused_k, b) : nullptr;
 
-  int actual_q = max_seqlen_q, actual_k = max_seqlen_k;  // device lengths: trust the maxima
+  int actual_q = max_seqlen_q, actual_k = max_seqlen_k;  // device lengths: the kernel checks them
   std::vector<int> seqlens_k(b);
-  if (!cuda) {
+  if (cuda) {
+    // what the host can check without reading device memory: b sequences of at most max_seqlen_q
+    // queries cannot hold more than b * max_seqlen_q rows. No sequence has more rows than q, so the
+    // grid covers min(max_seqlen_q, total_q) rows per sequence; the kernel asserts the rest.
+    FLASH_REQUIRE(int64_t(b) * max_seqlen_q >= q.size(0), "max_seqlen_q = ", max_seqlen_q, " is too small: q has ",
+                  q.size(0), " rows over ", b, " sequences");
+    actual_q = int(std::min<int64_t>(max_seqlen_q, q.size(0)));
+  } else {
     FLASH_REQUIRE(cu_q[0] == 0, "cu_seqlens_q[0] must be 0, got ", cu_q[0]);
     FLASH_REQUIRE(cu_q[b] == q.size(0), "cu_seqlens_q[-1] must be total_q = ", q.size(0), ", got ", cu_q[b]);
     actual_q = actual_k = 0;
@@ -298,6 +326,7 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
   params.cu_seqlens_k = const_cast<int*>(cu_k);
   params.is_seqlens_k_cumulative = true;
   params.seqused_k = const_cast<int*>(used_k);
+  params.total_k = paged ? 0 : int(k.size(0));
   if (paged) {
     params.page_block_size = int(k.size(1));
     params.num_blocks = int(k.size(0));
@@ -306,6 +335,7 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
     check_block_table(*block_table, b, seqlens_k.data(), params.page_block_size, params.num_blocks);
     params.block_table = static_cast<int*>(block_table->data);
     params.block_table_batch_stride = block_table->stride(0);
+    params.max_num_blocks_per_seq = int(block_table->size(1));
   }
   if (b == 0 || q.size(0) == 0 || params.h == 0) return;  // nothing to compute (no query head: h / h_k = 0)
   run(params, num_splits, 64, cuda, stream);
@@ -318,6 +348,11 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
   t_last_stats = SplitKvStats{};
   const bool paged = block_table.has_value();
   const bool cuda = q.is_cuda;
+  check_device("k_cache", kcache, q);
+  check_device("v_cache", vcache, q);
+  check_device("out", out, q);
+  check_device("cache_seqlens", seqlens_k, q);
+  check_device("block_table", block_table, q);
   check_float("q", q, 4);
   check_float("k_cache", kcache, 4);
   check_float("v_cache", vcache, 4);
@@ -338,6 +373,9 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
     FLASH_REQUIRE(kcache.size(1) > 0, "k_cache block size (dim 1) must be positive, got ", kcache.size(1));
     FLASH_REQUIRE(block_table->ndim == 2, "block_table must be 2-D [batch_size, max_blocks], got shape ",
                   shape(*block_table));
+    FLASH_REQUIRE(block_table->size(1) * kcache.size(1) <= std::numeric_limits<int>::max(),
+                  "block_table holds more keys per sequence (", block_table->size(1), " blocks of ", kcache.size(1),
+                  ") than a 32-bit int counts");
     capacity = int(block_table->size(1) * kcache.size(1));
   } else {
     FLASH_REQUIRE(kcache.size(0) == b, "k_cache must be [batch_size=", b,
@@ -369,6 +407,7 @@ void mha_fwd_kvcache(const TensorView& q, const TensorView& kcache, const Tensor
     check_block_table(*block_table, b, lens.data(), params.page_block_size, params.num_blocks);
     params.block_table = static_cast<int*>(block_table->data);
     params.block_table_batch_stride = block_table->stride(0);
+    params.max_num_blocks_per_seq = int(block_table->size(1));
   }
   if (b == 0 || seqlen_q == 0 || params.h == 0) return;
   run(params, num_splits, 64, cuda, stream);

@@ -43,7 +43,7 @@ SplitKvStats last_splitkv_stats();
 // keys and cu_seqlens_k may be absent); cu_seqlens_q/k: [b + 1] int32; out: like q.
 // num_splits: 0 = heuristic, 1 = no split along the keys, n = n splits (CPU only).
 // Device tensors (is_cuda): runs the CUDA kernel on `stream`; the index tensors are not read on
-// the host, so their contents (block ids, lengths) are not range-checked there.
+// the host: the kernel checks their contents (block ids, lengths) with device-side asserts.
 void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                     const TensorView& cu_seqlens_q, const std::optional<TensorView>& cu_seqlens_k,
                     const std::optional<TensorView>& seqused_k, const std::optional<TensorView>& block_table,

@@ -31,7 +31,8 @@ struct TensorView {
   int ndim = 0;
   int64_t sizes[kMaxDims] = {};
   int64_t strides[kMaxDims] = {};  // in elements
-  bool is_cuda = false;            // device memory: the host never reads it (index checks are skipped)
+  bool is_cuda = false;            // device memory: the host never reads it (its index data is checked on the device)
+  int device_index = 0;            // which CUDA device (0 for host memory): every argument must share q's
 
   int64_t size(int i) const { return sizes[i < 0 ? i + ndim : i]; }
   int64_t stride(int i) const { return strides[i < 0 ? i + ndim : i]; }

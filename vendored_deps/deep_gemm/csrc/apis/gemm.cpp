@@ -153,9 +153,10 @@ cuda::GemmArgs cuda_args(const cpu::GemmParams& p, const TensorView& a) {
   return g;
 }
 
-void run_cuda(const char* op, const cuda::GemmArgs& g, void* stream) {
+void run_cuda(const char* op, cuda::GemmArgs g, void* stream) {
   const cuda::GemmLauncher launch = cuda::gemm_launcher();
   DG_HOST_ASSERT(launch != nullptr, op, ": got CUDA tensors, but this build has no CUDA kernels");
+  g.op = op;  // named in a launch error
   launch(g, stream);
 }
 

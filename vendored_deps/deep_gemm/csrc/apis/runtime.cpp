@@ -1,5 +1,5 @@
 // deep_gemm/csrc/apis/runtime.cpp
-// The parallel-for hook, the CPU ISA choice and the CUDA launcher registry.
+// The parallel-for hook, the CPU ISA choice and the CUDA launcher registry (GEMM and casts).
 #include "csrc/apis/runtime.hpp"
 
 #include <atomic>
@@ -17,6 +17,7 @@ void serial_for(int64_t n, int64_t grain, void* ctx, void (*body)(void*, int64_t
 std::atomic<ParallelForFn> g_parallel_for{&serial_for};
 std::atomic<int> g_isa_cap{static_cast<int>(CpuIsa::kAVX512)};
 std::atomic<cuda::GemmLauncher> g_gemm_launcher{nullptr};
+std::atomic<cuda::CastLauncher> g_cast_launcher{nullptr};
 
 CpuIsa best_supported() {
   static const CpuIsa best = [] {
@@ -59,6 +60,13 @@ bool register_gemm_launcher(GemmLauncher fn) {
 }
 
 GemmLauncher gemm_launcher() { return g_gemm_launcher.load(); }
+
+bool register_cast_launcher(CastLauncher fn) {
+  g_cast_launcher.store(fn);
+  return true;
+}
+
+CastLauncher cast_launcher() { return g_cast_launcher.load(); }
 
 }  // namespace cuda
 }  // namespace deep_gemm

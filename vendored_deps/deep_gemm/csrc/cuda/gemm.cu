@@ -8,10 +8,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
 #include "csrc/cuda/launch.hpp"
+#include "csrc/utils/exception.hpp"
 
 namespace deep_gemm::cuda {
 // a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
@@ -91,9 +90,7 @@ void launch_gemm_nt(const GemmArgs& g, void* stream) {
   const dim3 grid(static_cast<unsigned>((g.n + kWarps - 1) / kWarps), static_cast<unsigned>(g.m < 65535 ? g.m : 65535));
   gemm_nt_warp_kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(g);
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    throw std::runtime_error(std::string("deep_gemm::gemm_nt: CUDA launch failed: ") + cudaGetErrorString(err));
-  }
+  DG_HOST_ASSERT(err == cudaSuccess, g.op, ": CUDA launch failed: ", cudaGetErrorString(err));
 }
 
 [[maybe_unused]] const bool registered = register_gemm_launcher(&launch_gemm_nt);

@@ -40,6 +40,18 @@ inline uint8_t float_to_e4m3(float x) {
   return sign | static_cast<uint8_t>((e << 3) | m);
 }
 
+// The smallest power of two >= s (UE8M0 scales), for a positive s; inf stays inf. Exact bit arithmetic,
+// not exp2(ceil(log2(s))): log2 in float rounds s = 2^k (1 + 2^-23) down to k, giving a scale below s.
+// csrc/cuda/cast.cu computes the same on the device.
+inline float ue8m0_ceil(float s) {
+  uint32_t u;
+  std::memcpy(&u, &s, 4);
+  if ((u & 0x7FFFFFu) != 0 && ((u >> 23) & 0xFFu) != 0xFFu) u = (u + 0x800000u) & 0xFF800000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
 inline float bf16_to_float(uint16_t v) {
   const uint32_t u = static_cast<uint32_t>(v) << 16;
   float f;

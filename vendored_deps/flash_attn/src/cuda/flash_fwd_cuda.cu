@@ -4,11 +4,15 @@
 // scores one key of the tile, the warp takes the tile's max and sum once, then every lane
 // accumulates its slice of the head dim over the tile's values. fp32 accumulation; paged K/V
 // through the block table; the same mask rules as the CPU kernels. Three instantiations (dtypes).
+// Grid: x = sequence * blocks of kWarps query rows (the batch on x: up to 2^31 - 1 blocks), y = head.
+// The index data the host does not read (cu_seqlens, seqused_k / cache_seqlens, block ids) is
+// checked here: a bad value raises a device-side assert and the access is skipped.
 // No split-K on CUDA (num_splits is ignored). Compiled only in keel's build: UNVERIFIED on a GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <stdexcept>
 #include <string>
 
@@ -53,13 +57,68 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// A check of index data: when it fails, a device-side assert (CUDA reports cudaErrorAssert at the next
+// synchronizing call, `msg` on stderr; the context is unusable afterwards, as after torch's own index
+// asserts), and false, so the caller skips the access. Independent of NDEBUG. (__assert_fail is only
+// declared for the device pass when NDEBUG is set, hence the guard.)
+__device__ __forceinline__ bool device_check(bool ok, const char* msg) {
+#ifdef __CUDA_ARCH__
+  if (!ok) __assert_fail(msg, __FILE__, __LINE__, __func__);
+#endif
+  return ok;
+}
+
+// Sequence b's lengths (read from device memory) are consistent with the tensors: every row of q is
+// written exactly once and every key row read lies inside K/V. Warp-uniform (depends on b only).
+__device__ bool sequence_ok(const Flash_fwd_params& p, int b, const BlockInfo& s) {
+  if (p.cu_seqlens_q) {
+    const int q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
+    if (!device_check(q0 >= 0 && q0 <= q1 && q1 <= p.total_q,
+                      "flash_attn: cu_seqlens_q must be non-decreasing and within q's rows"))
+      return false;
+    if (!device_check(q1 - q0 <= p.seqlen_q, "flash_attn: a sequence has more queries than max_seqlen_q")) return false;
+    if (!device_check(b != 0 || q0 == 0, "flash_attn: cu_seqlens_q[0] must be 0")) return false;
+    if (!device_check(b != p.b - 1 || q1 == p.total_q, "flash_attn: cu_seqlens_q[-1] must be total_q")) return false;
+  }
+  if (!device_check(s.sk >= 0 && s.sk <= p.seqlen_k,
+                    "flash_attn: a sequence's keys (seqused_k / cache_seqlens / cu_seqlens_k) exceed max_seqlen_k "
+                    "or the cache, or are negative"))
+    return false;
+  if (p.block_table) {
+    return device_check(int64_t(s.sk) <= int64_t(p.max_num_blocks_per_seq) * p.page_block_size,
+                        "flash_attn: a sequence has more keys than its block_table row holds");
+  }
+  if (p.cu_seqlens_k && p.is_seqlens_k_cumulative) {
+    const int k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
+    if (!device_check(k0 >= 0 && k0 <= k1 && k1 <= p.total_k,
+                      "flash_attn: cu_seqlens_k must be non-decreasing and within k's rows"))
+      return false;
+    if (!device_check(b != 0 || k0 == 0, "flash_attn: cu_seqlens_k[0] must be 0")) return false;
+    return device_check(s.sk <= k1 - k0, "flash_attn: seqused_k exceeds the sequence's keys in cu_seqlens_k");
+  }
+  return true;
+}
+
+// kv_row (block_info.h) after checking the block id it reads; false: skip this key.
+__device__ __forceinline__ bool checked_kv_row(const Flash_fwd_params& p, int b, int j, bool is_v, int64_t* row) {
+  if (p.block_table) {
+    const int blk = p.block_table[b * p.block_table_batch_stride + j / p.page_block_size];
+    if (!device_check(blk >= 0 && blk < p.num_blocks, "flash_attn: a block_table entry is outside the paged cache"))
+      return false;
+  }
+  *row = kv_row(p, b, j, is_v);
+  return true;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const Flash_fwd_params p) {
   __shared__ float q_s[kWarps][kMaxD];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int b = blockIdx.z, h = blockIdx.y, i = blockIdx.x * kWarps + warp;
+  const int mblocks = (p.seqlen_q + kWarps - 1) / kWarps;
+  const int b = blockIdx.x / mblocks, h = blockIdx.y, i = (blockIdx.x % mblocks) * kWarps + warp;
   const BlockInfo seq = block_info(p, b);
-  if (i >= seq.sq) return;  // whole warp leaves together; no block-wide barrier follows
+  if (!sequence_ok(p, b, seq)) return;  // uniform over the block: no barrier follows
+  if (i >= seq.sq) return;              // whole warp leaves together; no block-wide barrier follows
 
   const int hk = h / p.h_h_k_ratio, d = p.d;
   const T* q = static_cast<const T*>(p.q_ptr) + seq.q_off + int64_t(i) * p.q_row_stride + int64_t(h) * p.q_head_stride;
@@ -79,22 +138,24 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const Flash_fwd_
   for (int t0 = lo; t0 < hi; t0 += 32) {
     const int j = t0 + lane;
     float s = -INFINITY;
-    if (j < hi) {
-      const T* kr = k + kv_row(p, b, j, false) + int64_t(hk) * p.k_head_stride;
+    int64_t row = 0;
+    if (j < hi && checked_kv_row(p, b, j, false, &row)) {
+      const T* kr = k + row + int64_t(hk) * p.k_head_stride;
       float dot = 0.f;
       for (int c = 0; c < d; ++c) dot += q_s[warp][c] * to_float(kr[c]);
       s = p.softcap > 0.f ? p.scale_softmax * tanhf(dot * p.softcap) : dot * p.scale_softmax;
     }
-    const float m_new = fmaxf(m, warp_max(s));  // finite: key t0 is visible
+    const float m_new = fmaxf(m, warp_max(s));  // finite unless every key so far was skipped
     const float alpha = m == -INFINITY ? 0.f : __expf(m - m_new);
-    const float pj = j < hi ? __expf(s - m_new) : 0.f;
+    const float pj = s > -INFINITY ? __expf(s - m_new) : 0.f;
     l = l * alpha + warp_sum(pj);
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) acc[t] *= alpha;
     const int nk = min(32, hi - t0);
     for (int jj = 0; jj < nk; ++jj) {
       const float pb = __shfl_sync(kFull, pj, jj);
-      const T* vr = v + kv_row(p, b, t0 + jj, true) + int64_t(hk) * p.v_head_stride;
+      if (!checked_kv_row(p, b, t0 + jj, true, &row)) continue;  // uniform: one key for the whole warp
+      const T* vr = v + row + int64_t(hk) * p.v_head_stride;
 #pragma unroll
       for (int t = 0; t < kPerLane; ++t) {
         const int c = lane + 32 * t;
@@ -118,7 +179,15 @@ using namespace flash_fwd_cuda_detail;  // the launchers below
 
 void run_mha_fwd_cuda(const Flash_fwd_params& params, void* stream) {
   if (params.d > kMaxD) throw std::invalid_argument("head_size must be <= 256 on CUDA");
-  const dim3 grid((params.seqlen_q + kWarps - 1) / kWarps, params.h, params.b);
+  const int64_t mblocks = (int64_t(params.seqlen_q) + kWarps - 1) / kWarps;
+  const int64_t blocks_x = int64_t(params.b) * mblocks;
+  if (blocks_x == 0 || params.h == 0) return;  // nothing to compute: a zero grid is a launch error
+  if (blocks_x > INT_MAX || params.h > 65535) {
+    throw std::invalid_argument("batch_size x ceil(max_seqlen_q / " + std::to_string(kWarps) +
+                                ") = " + std::to_string(blocks_x) + " and " + std::to_string(params.h) +
+                                " heads exceed one CUDA launch (2^31 - 1 blocks, 65535 heads)");
+  }
+  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(params.h));
   const auto s = static_cast<cudaStream_t>(stream);
   switch (params.dtype) {
     case DType::kFloat32:
@@ -134,7 +203,9 @@ void run_mha_fwd_cuda(const Flash_fwd_params& params, void* stream) {
       throw std::invalid_argument("unsupported dtype on CUDA");
   }
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) throw std::runtime_error(std::string("CUDA launch failed: ") + cudaGetErrorString(err));
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("flash_fwd_kernel: CUDA launch failed: ") + cudaGetErrorString(err));
+  }
 }
 
 namespace flash_fwd_cuda_detail {
