@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -59,6 +60,37 @@ def _summ(lib: dict) -> str:  # type: ignore[type-arg]
     ]
     why += [f"version {v['version']} of {v['file']}" for v in lib["missing_versions"]]
     return "; ".join(why[:4]) + (" ..." if len(why) > 4 else "")
+
+
+def _is_executable(path: Path) -> bool:
+    """An ELF with PT_INTERP (a program such as vllm's vllm-rs): dlopen refuses it, the loader runs it."""
+    head = path.read_bytes()[:65536]
+    if head[:4] != b"\x7fELF" or head[4] != 2:
+        return False
+    (phoff,) = struct.unpack_from("<Q", head, 32)
+    phentsize, phnum = struct.unpack_from("<HH", head, 54)
+    return any(struct.unpack_from("<I", head, phoff + i * phentsize)[0] == 3 for i in range(phnum))
+
+
+def observe(py: str, path: Path) -> dict:  # type: ignore[type-arg]
+    """What the loader does: dlopen(RTLD_NOW) after `import torch`; a program is started with
+    LD_BIND_NOW=1 (every symbol bound before main) and `--help`."""
+    if _is_executable(path):
+        env = {**os.environ, "LD_BIND_NOW": "1"}
+        try:
+            done = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=30, env=env)
+        except subprocess.TimeoutExpired:
+            return {"loads": True, "rc": None, "error": "", "how": "exec --help (still running after 30 s)"}
+        text = done.stderr + done.stdout
+        bad = "error while loading shared libraries" in text or "symbol lookup error" in text
+        msg = next((ln for ln in text.splitlines() if "error" in ln), "")[-300:] if bad else ""
+        return {"loads": not bad, "rc": done.returncode, "error": msg, "how": "exec --help, LD_BIND_NOW=1"}
+    done = subprocess.run([py, "-c", LOAD, str(path)], capture_output=True, text=True)
+    msg = ""
+    if done.returncode:
+        out = (done.stdout.strip() or done.stderr.strip()).splitlines()
+        msg = out[-1] if out else f"exit code {done.returncode}"
+    return {"loads": done.returncode == 0, "rc": done.returncode, "error": msg, "how": "ctypes.CDLL RTLD_NOW"}
 
 
 def one_version(version: str, wheels: Path, keel: Path, work: Path) -> dict:  # type: ignore[type-arg]
@@ -108,12 +140,7 @@ def one_version(version: str, wheels: Path, keel: Path, work: Path) -> dict:  # 
         for name in ("vllm", "keel"):
             observed = {}
             for lib in out["packages"][name]["predicted"]["libraries"]:
-                path = site / lib["path"]
-                done = subprocess.run([py, "-c", LOAD, str(path)], capture_output=True, text=True)
-                msg = (
-                    (done.stdout.strip() or done.stderr.strip().splitlines()[-1:] or [""])[0] if done.returncode else ""
-                )
-                observed[lib["path"]] = {"loads": done.returncode == 0, "rc": done.returncode, "error": msg}
+                observed[lib["path"]] = observe(py, site / lib["path"])
             out["packages"][name]["observed"] = observed
             # the same prediction against the installed environment (site-packages: torch and nvidia/*)
             inst = preflight([str(site / name)], str(site))
