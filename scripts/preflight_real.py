@@ -93,7 +93,30 @@ def observe(py: str, path: Path) -> dict:  # type: ignore[type-arg]
     return {"loads": done.returncode == 0, "rc": done.returncode, "error": msg, "how": "ctypes.CDLL RTLD_NOW"}
 
 
-def one_version(version: str, wheels: Path, keel: Path, work: Path) -> dict:  # type: ignore[type-arg]
+def stub_driver(work: Path, preds: list[dict]) -> Path:  # type: ignore[type-arg]
+    """A stand-in libcuda.so.1 defining every symbol the predictions expected from it, each a function
+    returning CUDA_ERROR_UNKNOWN (999): with it on LD_LIBRARY_PATH the loader gets past the missing
+    driver to symbol resolution, which is what the `--assume libcuda.so.1` column predicts (it checks
+    binding, not that a driver works)."""
+    names = sorted(
+        {
+            m["symbol"]
+            for doc in preds
+            for lib in doc["libraries"]
+            for m in lib["missing"]
+            if m["expected_from"] == "libcuda.so.1"
+        }
+    )
+    d = work / "stub-driver"
+    d.mkdir(parents=True, exist_ok=True)
+    src = d / "libcuda.c"
+    src.write_text("".join(f"int {n}(void) {{ return 999; }}\n" for n in names))
+    lib = d / "libcuda.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src), "-Wl,-soname,libcuda.so.1"], check=True)
+    return d
+
+
+def one_version(version: str, wheels: Path, keel: Path, work: Path, stub: bool = False) -> dict:  # type: ignore[type-arg]
     torch_whl = next(
         iter(sorted(wheels.glob(f"torch-{version}-*.whl")) + sorted(wheels.glob(f"torch-{version}+*.whl")))
     )
@@ -142,6 +165,20 @@ def one_version(version: str, wheels: Path, keel: Path, work: Path) -> dict:  # 
             for lib in out["packages"][name]["predicted"]["libraries"]:
                 observed[lib["path"]] = observe(py, site / lib["path"])
             out["packages"][name]["observed"] = observed
+            if stub:  # the same loads with a stand-in libcuda.so.1: what the GPU-host column predicts
+                d = stub_driver(work, [out["packages"][n]["predicted"] for n in ("vllm", "keel")])
+                old = os.environ.get("LD_LIBRARY_PATH")
+                os.environ["LD_LIBRARY_PATH"] = f"{d}:{old}" if old else str(d)
+                try:
+                    out["packages"][name]["observed_stub_driver"] = {
+                        lib["path"]: observe(py, site / lib["path"])
+                        for lib in out["packages"][name]["predicted"]["libraries"]
+                    }
+                finally:
+                    if old is None:
+                        os.environ.pop("LD_LIBRARY_PATH", None)
+                    else:
+                        os.environ["LD_LIBRARY_PATH"] = old
             # the same prediction against the installed environment (site-packages: torch and nvidia/*)
             inst = preflight([str(site / name)], str(site))
             out["packages"][name]["predicted_installed"] = {f"{name}/{lib.path}": lib.loads for lib in inst.libraries}
@@ -158,6 +195,7 @@ def table(results: list[dict]) -> str:  # type: ignore[type-arg]
         "|---|---|---|---|---|---|---|",
     ]
     agree = total = 0
+    stub_rows: list[tuple[str, str, bool | None, dict]] = []  # type: ignore[type-arg]
     for r in results:
         for pkg in r["packages"].values():
             if "observed" not in pkg:
@@ -168,6 +206,9 @@ def table(results: list[dict]) -> str:  # type: ignore[type-arg]
                 agree += same
                 total += 1
                 drv = pkg["predicted_with_driver"].get(lib["path"])
+                stub = pkg.get("observed_stub_driver", {}).get(lib["path"])
+                if stub is not None:
+                    stub_rows.append((r["torch"], lib["path"], drv, stub))
                 why = _summ(lib) or "-"
                 if not same or not obs["loads"]:
                     why += f" / `{obs['error'][:120]}`" if obs["error"] else f" / rc {obs['rc']}"
@@ -176,6 +217,21 @@ def table(results: list[dict]) -> str:  # type: ignore[type-arg]
                     f"{'loads' if drv else 'does not load'} | {'loads' if obs['loads'] else 'does not load'} | "
                     f"{'yes' if same else '**no**'} | {why} |"
                 )
+    if stub_rows:
+        rows += [
+            "",
+            "| torch | library | predicted, GPU host | loaded with a stub libcuda.so.1 | agree | loader error |",
+        ]
+        rows.append("|---|---|---|---|---|---|")
+        for torch, path, drv, stub in stub_rows:
+            same = drv == stub["loads"]
+            agree += same
+            total += 1
+            rows.append(
+                f"| {torch} | {path} | {'loads' if drv else 'does not load'} | "
+                f"{'loads' if stub['loads'] else 'does not load'} | {'yes' if same else '**no**'} | "
+                f"{('`' + stub['error'][:120] + '`') if stub['error'] else '-'} |"
+            )
     rows.append("")
     rows.append(f"{agree} of {total} predictions agree with the loader.")
     return "\n".join(rows)
@@ -189,6 +245,11 @@ def main() -> int:
     ap.add_argument("--versions", nargs="+", default=["2.12.1", "2.13.0", "2.14.1", "2.15.0", "2.9.1"])
     ap.add_argument("--out", type=Path, help="results JSON (appended per version as they finish)")
     ap.add_argument("--table", type=Path, metavar="RESULTS", help="print the markdown table of a results file")
+    ap.add_argument(
+        "--stub-driver",
+        action="store_true",
+        help="also load every library with a stand-in libcuda.so.1 (checks the --assume libcuda.so.1 column)",
+    )
     args = ap.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))
@@ -204,7 +265,7 @@ def main() -> int:
     for v in args.versions:
         if v in done:
             continue
-        results.append(one_version(v, args.wheels, keel, args.work))
+        results.append(one_version(v, args.wheels, keel, args.work, args.stub_driver))
         out.write_text(json.dumps(results, indent=1))
         print(f"== torch {v} done", flush=True)
     print(table(results))
