@@ -15,6 +15,9 @@
    those hashes must equal the built libraries' hashes;
 4. below the floor (torch older than the audited `torch>=`), keel must refuse to import with its
    own error, not crash;
+   before each torch B is installed, `keel-audit preflight` reads B's .whl (downloaded once with
+   `pip download --no-deps`, then installed from that file) and predicts which keel libraries load;
+   the prediction must equal what the probe process mapped (the "preflight" column);
 5. one table; exit 0 only when every row holds: same library bytes, op tests pass, every op within its
    bound, logits within scripts/pipeline_checks.py's LOGIT_ATOL of torch A's, and greedy tokens equal to
    A's up to A's first near-tie (the parity rule of tests/support/parity.py; the table says where).
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_checks import (  # noqa: E402
     OP_TESTS,
     Row,
+    check_preflight,
     check_probe_ops,
     compare_to_reference,
     count_tests,
@@ -188,8 +192,54 @@ def torch_install_error(torch: str, python: str, pip_output: str, log: Path) -> 
     )
 
 
-def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: bool, tag: str) -> None:
-    """A virtual environment with exactly torch==`torch`, keel's runtime requirements and TEST_TOOLS."""
+def fetch_torch(python: str, torch: str, tag: str) -> Path:
+    """torch==`torch`'s wheel for `python` (`pip download --no-deps`, kept under .cache/pipeline/torch-wheels):
+    the file the preflight reads and the environment then installs (downloaded once)."""
+    dest = LOGS / "torch-wheels" / f"py{python_version(python)}"
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        f"torch=={torch}",
+        "-d",
+        str(dest),
+    ]
+    proc = run(cmd, f"{tag}-torch-download", check=False)
+    found = sorted(dest.glob(f"torch-{torch}-*.whl")) + sorted(dest.glob(f"torch-{torch}+*.whl"))
+    if proc.returncode != 0 or not found:
+        raise torch_install_error(torch, python, proc.stdout, log_path(f"{tag}-torch-download"))
+    return found[0]
+
+
+def preflight(tool_env: Path, wheel: Path, candidate: str, tag: str) -> tuple[dict[str, bool], str]:
+    """`keel-audit preflight WHEEL --torch CANDIDATE --json` (a torch .whl, nothing installed, or `installed`):
+    (library under keel/ -> predicted to load, '' or why it could not run)."""
+    cmd = [str(tool_env / "bin" / "keel-audit"), "preflight", str(wheel), "--torch", candidate, "--json"]
+    proc = run(cmd, f"{tag}-preflight", check=False)
+    try:
+        doc = json.loads(proc.stdout[proc.stdout.index("{") :])
+    except ValueError:
+        last = (proc.stdout.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {}, f"could not run: {last[:200]} (log: {log_path(tag + '-preflight')})"
+    predicted = {lib["path"].removeprefix("keel/"): bool(lib["loads"]) for lib in doc["libraries"]}
+    print(
+        f"  preflight ({doc['seconds']:.1f} s): {sum(predicted.values())}/{len(predicted)} predicted to load",
+        flush=True,
+    )
+    return predicted, ""
+
+
+def make_env(
+    env: Path, python: str, torch: str, requires: list[str], *, fresh: bool, tag: str, torch_file: Path | None = None
+) -> None:
+    """A virtual environment with exactly torch==`torch` (from `torch_file` when given: the wheel the
+    preflight read), keel's runtime requirements and TEST_TOOLS."""
     if fresh and env.exists():
         shutil.rmtree(env)
     if not (env / "bin" / "python").exists():
@@ -197,7 +247,14 @@ def make_env(env: Path, python: str, torch: str, requires: list[str], *, fresh: 
     if installed_torch(env) != torch:
         print(f"  installing torch=={torch} into {env.name} (PyPI builds of some releases are several GB)", flush=True)
         proc = run(
-            [str(env / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", f"torch=={torch}"],
+            [
+                str(env / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--no-cache-dir",
+                str(torch_file or f"torch=={torch}"),
+            ],
             f"{tag}-torch",
             check=False,
         )
@@ -287,7 +344,13 @@ def run_row(
     print(f"### torch {row.torch_b}, Python {row.python}: {env.name}", flush=True)
     try:
         if not build_env:  # the build's own environment got its requirements before fetch-demo
-            make_env(env, python, row.torch_b, requires, fresh=not args.reuse_envs, tag=tag)
+            # the preflight reads torch B's wheel before anything is installed; the env then installs that file
+            torch_file = fetch_torch(python, row.torch_b, tag)
+            row.predicted, why = preflight(args.tool_env, wheel, str(torch_file), tag)
+            make_env(env, python, row.torch_b, requires, fresh=not args.reuse_envs, tag=tag, torch_file=torch_file)
+        else:  # torch A is installed already: the preflight reads the installed torch
+            row.predicted, why = preflight(env, wheel, "installed", tag)
+        row.preflight = why or row.preflight
         install_wheel(env, wheel, row.torch_b, tag)
         row.op_tests_ok, row.op_tests, row.test_counts = op_tests(env, tag)
         print(f"  op tests: {row.op_tests} ({row.test_counts})", flush=True)
@@ -298,6 +361,7 @@ def run_row(
         print(f"  {row.status}: {exc}", file=sys.stderr, flush=True)
         return row, None
     row.libraries_same, row.libraries = compare_libraries(built, result["mapped_libraries"], result["keel_dir"], env)
+    check_preflight(row, sorted(built), sorted(result["mapped_libraries"]))
     row.tok_s, row.ttft_ms = result["decode_tok_s"], result["ttft_s"] * 1e3
     row.token_ids = result["token_ids"]
     check_probe_ops(row, result.get("op_checks", []))
@@ -319,7 +383,11 @@ def below_floor(
     tag = f"py{row.python}-torch{torch}"
     print(f"### below the floor: torch {torch} (the wheel says torch>={floor}), {env.name}", flush=True)
     try:
-        make_env(env, python, torch, requires, fresh=not args.reuse_envs, tag=tag)
+        torch_file = fetch_torch(python, torch, tag)
+        row.predicted, why = preflight(args.tool_env, wheel, str(torch_file), tag)
+        n = sum(row.predicted.values())
+        row.preflight = why or f"{n}/{len(row.predicted)} predicted to load"
+        make_env(env, python, torch, requires, fresh=not args.reuse_envs, tag=tag, torch_file=torch_file)
         # --no-deps: pip would otherwise replace torch to satisfy the wheel's torch>= requirement.
         install_wheel(env, wheel, torch, tag)
     except PipelineError as exc:
@@ -331,7 +399,9 @@ def below_floor(
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     clear = proc.returncode == 1 and "NativeLibraryError" in last and f"torch>={floor}" in last
     row.status = "refused import" if clear else "failed"
-    row.detail = f"exit {proc.returncode}: {last}"
+    row.detail = f"exit {proc.returncode}: {last}; preflight: {row.preflight}"
+    if row.predicted and any(row.predicted.values()):  # below the floor nothing of keel can load
+        row.status, row.preflight_ok = "failed", False
     print(f"  {'ok, keel refuses' if clear else 'NOT a clean refusal'}: {row.detail}", flush=True)
     return row
 
@@ -351,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = ap.parse_args(argv)
+    args.tool_env = None  # the environment whose keel-audit runs the preflights (the build environment)
 
     build_python = resolve_python(args.build_python)
     build_py = python_version(build_python)
@@ -359,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.build_env
         else (ROOT / (".venv" if args.torch_a == "2.13.0" else f".venv-pipe-py{build_py}-torch{args.torch_a}"))
     )
+    args.tool_env = build_env
     try:
         built_wheel = args.wheel.resolve() if args.wheel else build(args.torch_a, build_env, build_python)
         # every environment gets this copy: a rebuild into dist/ meanwhile cannot change what is tested

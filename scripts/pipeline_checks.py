@@ -53,11 +53,38 @@ class Row:
     logits_ok: bool | None = None
     tokens: str = "-"
     tokens_same: bool | None = None
+    # `keel-audit preflight` of the wheel against torch B's .whl before it was installed: library -> loads
+    predicted: dict[str, bool] = field(default_factory=dict)
+    preflight: str = "-"
+    preflight_ok: bool | None = None  # None: the preflight could not run (the row says why)
 
     @property
     def ok(self) -> bool:
         checks = (self.libraries_same, self.op_tests_ok, self.probe_ops_ok, self.logits_ok, self.tokens_same)
-        return self.status == "ok" and all(checks)
+        return self.status == "ok" and all(checks) and self.preflight_ok is not False
+
+
+def check_preflight(row: Row, built: list[str], mapped: list[str]) -> None:
+    """The preflight's prediction against what the probe process mapped: a library predicted to load
+    must be mapped, one predicted not to load must not be. On a CPU-only torch keel never tries its
+    CUDA twins, so a twin predicted not to load and not mapped agrees; one predicted to load there is
+    a disagreement too (the preflight would have promised a load keel cannot do)."""
+    if not row.predicted:
+        return
+    wrong = []
+    for rel in built:
+        loads = row.predicted.get(rel)
+        if loads is None:
+            wrong.append(f"{rel}: not predicted")
+        elif loads != (rel in mapped):
+            wrong.append(
+                f"{rel}: predicted {'loads' if loads else 'does not load'}, {'' if rel in mapped else 'not '}mapped"
+            )
+    n = sum(row.predicted.get(rel, False) for rel in built)
+    row.preflight_ok = not wrong
+    row.preflight = f"{'yes' if not wrong else 'no'} ({n}/{len(built)} predicted to load" + (
+        f"; {'; '.join(wrong)})" if wrong else ")"
+    )
 
 
 def count_tests(junit: Path) -> dict[str, list[int]]:
@@ -111,10 +138,10 @@ def compare_to_reference(row: Row, result: dict, reference: dict | None) -> None
 def table(rows: list[Row], verdict: str, floor: str) -> str:
     libs = COLUMNS
     head = (
-        "| torch A | torch B | Python | keel libraries mapped = built | audit | "
+        "| torch A | torch B | Python | keel libraries mapped = built | preflight predicted = observed | audit | "
         + " | ".join(f"{lib} tests p / f / s" for lib in libs)
         + " | probe op checks | probe logits vs A | greedy tokens vs A | decode tok/s | TTFT ms |\n"
-        + "|---|---|---|---|---|"
+        + "|---|---|---|---|---|---|"
         + "---:|" * len(libs)
         + "---|---|---|---:|---:|"
     )
@@ -123,13 +150,15 @@ def table(rows: list[Row], verdict: str, floor: str) -> str:
         counts = " | ".join(counts_text(r.test_counts[lib]) if lib in r.test_counts else "-" for lib in libs)
         if r.status in ("ok", "failed") and r.libraries_same is not None:
             lines.append(
-                f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.libraries} | {verdict}, torch>={floor} | {counts} "
+                f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.libraries} | {r.preflight} | {verdict}, torch>={floor} "
+                f"| {counts} "
                 f"| {r.probe_ops} | {r.logits} | {r.tokens} | {r.tok_s:.1f} | {r.ttft_ms:.0f} |"
             )
         else:
             what = r.detail.splitlines()[0][:160] if r.detail else r.status
             lines.append(
-                f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.status}: {what} | {verdict}, torch>={floor} "
+                f"| {r.torch_a} | {r.torch_b} | {r.python} | {r.status}: {what} | {r.preflight} "
+                f"| {verdict}, torch>={floor} "
                 f"| {counts} | - | - | - | - | - |"
             )
     return "\n".join(lines)

@@ -34,6 +34,7 @@ MAX_RATIO = 200  # compression ratio above which a large member is a zip bomb
 HEAD_WINDOW = 64 << 20  # bytes kept from the start of a member (MemberReader)
 CHUNK = 1 << 20  # inflate at most this many bytes per read; pieces are kept as they come
 MIN_READ = 64 << 10  # and at least this many (no tiny reads for headers)
+BACK_WINDOW = 8 << 20  # bytes kept before each range read: a table just behind it needs no second pass
 
 
 def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
@@ -167,9 +168,10 @@ def _unreadable(info: zipfile.ZipInfo, exc: BaseException) -> AuditInputError:
 class MemberReader:
     """Random access to a member, inflated lazily from its start, only as far as reads reach.
 
-    Pieces in the first HEAD_WINDOW bytes and every range read are kept as they come (no big
-    buffer); a read behind the stream outside those restarts the stream. zipfile checks the CRC
-    when a pass reaches the end of the member: the section-header path (which reads the table at
+    Pieces in the first HEAD_WINDOW bytes and every range read (with BACK_WINDOW bytes before it:
+    patchelf'ed libraries such as torch's keep .gnu.hash just before .dynstr, both at the end) are
+    kept as they come (no big buffer); a read behind the stream outside those restarts the stream.
+    zipfile checks the CRC when a pass reaches the end of the member: the section-header path (which reads the table at
     the end) checks it, the dynamic-segment path (elf/segments.py) usually stops early and does not.
     """
 
@@ -219,7 +221,7 @@ class MemberReader:
                 if not chunk:
                     break
                 pos, end = self.pos, self.pos + len(chunk)
-                for keep_lo, keep_hi in ((0, HEAD_WINDOW), (lo, hi)):
+                for keep_lo, keep_hi in ((0, HEAD_WINDOW), (max(lo - BACK_WINDOW, 0), hi)):
                     if keep_lo <= pos and end <= keep_hi:
                         self._keep(pos, chunk)
                         break

@@ -7,7 +7,14 @@ import importlib
 import sys
 
 # verb -> its module under keel/cli, in the order `keel --help` lists them
-_VERBS = {"generate": "generate", "chat": "chat", "serve": "serve", "models": "model_cache", "audit": "audit"}
+_VERBS = {
+    "generate": "generate",
+    "chat": "chat",
+    "serve": "serve",
+    "models": "model_cache",
+    "audit": "audit",
+    "doctor": "doctor",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,121 @@
+"""`keel doctor`: the report on this environment, each failure it must catch (with its fix), and the
+run by path that works when `import keel` itself fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from keel.cli import doctor
+
+
+@pytest.fixture(scope="module")
+def real() -> doctor.Report:
+    return doctor.gather()
+
+
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks that start interpreters (the preflight, the CPU ISA question) answered at once:
+    the tests that use this one change a single input of the verdict."""
+    monkeypatch.setattr(doctor, "_preflight", lambda keel_dir, report: {})
+    monkeypatch.setattr(doctor, "_cpu_isa", lambda report: "avx512")
+
+
+def test_this_environment_works(real: doctor.Report) -> None:
+    """keel's CPU libraries load on the test torch; the report names torch and keel as they are."""
+    assert real.ok, real.problems
+    assert real.torch_version == torch.__version__ and real.torch_cuda == torch.version.cuda
+    cpu = [lib for lib in real.libraries if lib.kind == "CPU"]
+    assert {lib.path for lib in cpu} >= {"keel/_C.abi3.so"}
+    assert all(lib.loads for lib in cpu)
+    if not torch.version.cuda:
+        twins = [lib for lib in real.libraries if lib.kind == "CUDA twin"]
+        assert twins and all(lib.loads is None and "CPU-only" in lib.note for lib in twins)
+    text = doctor.render(real)
+    assert "verdict: keel will work here" in text and f"torch {torch.__version__}" in text
+    assert "model cache (keel)" in text
+
+
+def test_preflight_agrees_with_the_load_check(real: doctor.Report) -> None:
+    pytest.importorskip("keel_audit")
+    for lib in real.libraries:
+        if lib.loads is not None:
+            assert lib.predicted is not None and lib.predicted.startswith("loads") == lib.loads, lib
+
+
+def test_torch_below_the_floor_is_a_problem_with_its_fix(monkeypatch: pytest.MonkeyPatch, quick: None) -> None:
+    monkeypatch.setattr(doctor, "_floor", lambda: (99, 1))
+    report = doctor.gather(load=False)
+    assert not report.ok
+    assert any(
+        "older than keel's floor 99.1" in what and fix == "pip install 'torch>=99.1'" for what, fix in report.problems
+    )
+    assert "verdict: keel will NOT work here" in doctor.render(report)
+
+
+def test_a_cpu_library_that_does_not_load_fails_the_doctor(monkeypatch: pytest.MonkeyPatch, quick: None) -> None:
+    def fake(paths: list[Path]) -> dict[str, tuple[bool, str]]:
+        return {
+            str(p): (not p.name == "_C.abi3.so" or "vendored" in str(p), "undefined symbol: torch_x") for p in paths
+        }
+
+    monkeypatch.setattr(doctor, "_load_all", fake)
+    report = doctor.gather()
+    assert not report.ok
+    assert any(
+        "keel/_C.abi3.so does not load" in what and "undefined symbol: torch_x" in what for what, _ in report.problems
+    )
+
+
+def test_cuda_torch_without_a_driver_is_a_warning(monkeypatch: pytest.MonkeyPatch, quick: None) -> None:
+    """A CUDA torch on a machine with no driver: keel works on the CPU; it says why the GPU is unused."""
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(doctor, "_driver", lambda: (None, "no NVIDIA driver (libcuda.so.1 not found)"))
+    monkeypatch.setattr(doctor, "_load_all", lambda paths: {str(p): (True, "") for p in paths})
+    report = doctor.gather()
+    assert report.ok and any("no NVIDIA driver" in w for w in report.warnings)
+
+
+def test_driver_older_than_the_static_runtime(monkeypatch: pytest.MonkeyPatch, quick: None) -> None:
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(doctor, "_driver", lambda: ((12, 4), ""))
+    monkeypatch.setattr(doctor, "_twin_cuda", lambda paths: (13, 0))
+    monkeypatch.setattr(doctor, "_load_all", lambda paths: {str(p): (True, "") for p in paths})
+    report = doctor.gather()
+    assert not report.ok
+    assert any("driver supports CUDA 12.4, older than the CUDA 13.0" in what for what, _ in report.problems)
+    monkeypatch.setattr(doctor, "_driver", lambda: ((13, 1), ""))
+    assert doctor.gather().ok
+
+
+def test_twin_cuda_release_is_read_from_the_library(tmp_path: Path) -> None:
+    lib = tmp_path / "_C_cuda.abi3.so"
+    lib.write_bytes(b"\x7fELF....Cuda compilation tools, release 12.8, V12.8.93\0")
+    assert doctor._twin_cuda([lib]) == (12, 8)
+
+
+def test_runs_by_path_without_importing_keel() -> None:
+    """The file alone (what the README says to run when `import keel` fails) imports no keel module."""
+    code = (
+        "import runpy, sys; sys.argv = ['doctor.py', '--json', '--no-load']\n"
+        f"try:\n    runpy.run_path({doctor.__file__!r}, run_name='__main__')\n"
+        "except SystemExit as e:\n    pass\n"
+        "assert not [m for m in sys.modules if m == 'keel' or m.startswith('keel.')], 'keel imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and report["torch_version"] == torch.__version__
+
+
+def test_cli_verb_exit_code(capsys: pytest.CaptureFixture[str], quick: None) -> None:
+    from keel.cli import main
+
+    assert main(["doctor", "--no-load", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["keel_version"]
