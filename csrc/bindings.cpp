@@ -22,4 +22,7 @@ KEEL_LIBRARY(m) {
       "Tensor slot_mapping) -> ()");
   // x @ weight.T + bias for x [..., K], weight [N, K] (unit K stride), bias [N]; new contiguous [..., N].
   m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  // x @ dequant(qweight).T + bias for an e4m3 qweight [N, K] with fp32 scales per 128-wide K block, one per
+  // row ([N, ceil(K/128)]) or per 128 rows ([ceil(N/128), ceil(K/128)]); x is not quantized. CPU only.
+  m.def("fp8_linear(Tensor x, Tensor qweight, Tensor scale, Tensor? bias) -> Tensor");
 }

@@ -56,6 +56,13 @@ SCHEMAS: dict[str, tuple[str, ...]] = {
         "Tensor? bias",
         "-> Tensor",
     ),
+    "keel::fp8_linear": (
+        "Tensor x",
+        "Tensor qweight",
+        "Tensor scale",
+        "Tensor? bias",
+        "-> Tensor",
+    ),
     "keel_deep_gemm::fp8_gemm_nt": (
         "Tensor a",
         "Tensor sfa",

@@ -47,4 +47,14 @@ bool cpu_has_avx512bf16() {
   return has;
 }
 
+bool cpu_has_avx512() {
+  // only on top of the AVX2 build; KEEL_CPU_ISA=avx2 (or base) turns it off
+  static const bool has = [] {
+    if (!cpu_has_avx2() || forced_isa() == Forced::kAvx2) return false;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return has;
+}
+
 }  // namespace keel

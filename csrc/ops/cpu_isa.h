@@ -16,6 +16,9 @@ bool cpu_has_avx2();
 // True when the AVX2 build may also use AVX512-BF16 instructions (keel::linear's bf16 GEMV).
 bool cpu_has_avx512bf16();
 
+// True when the AVX2 build may also use AVX512F/BW/VL/DQ instructions (keel::fp8_linear's e4m3 GEMV).
+bool cpu_has_avx512();
+
 // Declares `fn(params, begin, end)` in both ISA namespaces plus a dispatcher keel::cpu::fn.
 #define KEEL_DECLARE_CPU_KERNEL(fn, Params)                     \
   namespace cpu_base {                                          \

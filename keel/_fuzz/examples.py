@@ -71,9 +71,27 @@ def linear(rng: random.Random, device: str, dtype: torch.dtype) -> list[Any]:
     return [t((m, k), device, dtype), t((n, k), device, dtype), bias]
 
 
+def fp8_linear(rng: random.Random, device: str, dtype: torch.dtype) -> list[Any]:
+    m, k, n = rng.choice((1, 4, 40)), rng.choice((1, 8, 130)), rng.choice((1, 8))
+    rows = n if rng.random() < 0.5 else 1  # a scale per row, or one per 128 rows
+    qweight = (torch.randn(n, k) * 8).to(torch.float8_e4m3fn).to(device)
+    scale = (torch.rand(rows, (k + 127) // 128) + 0.5).to(device)
+    bias = t((n,), device, dtype) if rng.random() < 0.5 else None
+    return [t((m, k), device, dtype), qweight, scale, bias]
+
+
 EXAMPLES: dict[str, Example] = {
     f"keel::{fn.__name__}": fn
-    for fn in (fused_muladd, rms_norm, fused_add_rms_norm, rotary_embedding, silu_and_mul, reshape_and_cache, linear)
+    for fn in (
+        fused_muladd,
+        rms_norm,
+        fused_add_rms_norm,
+        rotary_embedding,
+        silu_and_mul,
+        reshape_and_cache,
+        linear,
+        fp8_linear,
+    )
 }
 
 

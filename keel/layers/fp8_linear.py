@@ -1,15 +1,19 @@
 """FP8 weights (`quantization="fp8"`): every `nn.Linear` becomes an `Fp8Linear` whose weight is cast once, at
 load time, to float8_e4m3fn with fp32 scales per row and 128-wide K group (DeepGEMM's (1, 1, 128) recipe;
-DeepSeek-V3's 128x128 blocks are the other choice), and whose input is cast per token (1x128 groups) at
-every call, as DeepSeek-V3 runs its linears; the product runs through the vendored DeepGEMM-style
-`fp8_gemm_nt`. A runner policy like linear.py's prepacking: the model code stays plain `nn.Linear`. The
-embedding lookup keeps its bf16/fp32 table (a tied lm_head gets its own FP8 copy)."""
+DeepSeek-V3's 128x128 blocks are the other choice). On CUDA its input is cast per token (1x128 groups) at
+every call, as DeepSeek-V3 runs its linears, and the product runs through the vendored DeepGEMM-style
+`fp8_gemm_nt`. On the CPU the input is not quantized: `keel.ops.fp8_linear` (keel's own e4m3 GEMV, decoding
+the weight in registers) multiplies the bf16/fp32 activations by the dequantized weight in one call
+(weight-only FP8: fewer roundings than the per-token cast, and no cast op per call). A runner policy like
+linear.py's prepacking: the model code stays plain `nn.Linear`. The embedding lookup keeps its bf16/fp32
+table (a tied lm_head gets its own FP8 copy)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from keel import ops
 from keel.layers.linear import KeelLinear
 
 QUANTIZATIONS = ("none", "fp8")
@@ -33,7 +37,8 @@ def check_quantization(quantization: str | None) -> str:
 class Fp8Linear(nn.Module):
     """`nn.Linear` with a block-scaled FP8 weight: y = fp8_gemm_nt(per_token_cast(x), (w_fp8, w_scale)) + bias.
 
-    Outputs have the input's dtype (bf16 or fp32: what fp8_gemm_nt writes; other dtypes go through fp32)."""
+    Outputs have the input's dtype (bf16 or fp32: what fp8_gemm_nt writes; other dtypes go through fp32). On the
+    CPU: y = keel.ops.fp8_linear(x, (w_fp8, w_scale)) + bias, x not quantized."""
 
     qweight: torch.Tensor  # buffers, typed for readers (register_buffer hides the type)
     weight_scale: torch.Tensor
@@ -58,6 +63,8 @@ class Fp8Linear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":  # weight-only FP8 through keel's kernel, any leading dims, x's dtype
+            return ops.fp8_linear(x, self.qweight, self.weight_scale, self.bias)
         shape = x.shape
         rows = x.reshape(-1, self.in_features)
         if rows.dtype not in (torch.bfloat16, torch.float32):

@@ -40,3 +40,57 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
             f"{_OP}: bias must be [{weight.shape[0]}] to match weight's rows, got {chk.shape(bias)}",
         )
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+_fp8_linear = torch.ops.keel.fp8_linear.default
+_FP8_OP = "keel::fp8_linear"
+FP8_BLOCK_K = 128  # K width of one weight scale
+
+
+def fp8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ dequant(qweight).T + bias on the CPU, x [..., K] not quantized (weight-only FP8): qweight [N, K]
+    float8_e4m3fn (unit K stride), scale fp32 per 128-wide K block, [N, ceil(K/128)] (one per row) or
+    [ceil(N/128), ceil(K/128)] (one per 128 rows), bias [N] in x's dtype; new contiguous [..., N] in x's dtype."""
+    return _fp8_linear(x, qweight, scale, bias)
+
+
+@torch.library.register_fake("keel::fp8_linear")
+def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    chk.float_dtype(_FP8_OP, "x", x)
+    chk.min_dim(_FP8_OP, "x", x, 1)
+    chk.same_device(_FP8_OP, "qweight", qweight, "x", x)
+    chk.same_device(_FP8_OP, "scale", scale, "x", x)
+    chk.check(
+        qweight.dtype == torch.float8_e4m3fn,
+        f"{_FP8_OP}: qweight must be float8_e4m3fn, got {chk.dtype_name(qweight.dtype)}",
+    )
+    chk.check(
+        scale.dtype == torch.float32,
+        f"{_FP8_OP}: scale must be float32, got {chk.dtype_name(scale.dtype)}",
+    )
+    k = x.shape[-1]
+    chk.check(
+        qweight.dim() == 2 and qweight.shape[1] == k,
+        f"{_FP8_OP}: qweight must be [N, {k}] to match x's last dim, got {chk.shape(qweight)}",
+    )
+    chk.check(
+        qweight.stride(1) == 1 or k <= 1,
+        f"{_FP8_OP}: qweight must have unit stride along its last dim (K), got stride {qweight.stride(1)}",
+    )
+    n = qweight.shape[0]
+    kb, nb = -(-k // FP8_BLOCK_K), -(-n // 128)
+    chk.check(
+        scale.dim() == 2 and scale.shape[1] == kb and scale.shape[0] in (n, nb),
+        f"{_FP8_OP}: scale must be [{n}, {kb}] (per row) or [{nb}, {kb}] (per 128 rows) for qweight "
+        f"{chk.shape(qweight)}, got {chk.shape(scale)}",
+    )
+    if bias is not None:
+        chk.same_device(_FP8_OP, "bias", bias, "x", x)
+        chk.same_dtype(_FP8_OP, "bias", bias, "x", x)
+        chk.check(
+            bias.dim() == 1 and bias.shape[0] == n,
+            f"{_FP8_OP}: bias must be [{n}] to match qweight's rows, got {chk.shape(bias)}",
+        )
+    return x.new_empty((*x.shape[:-1], n))

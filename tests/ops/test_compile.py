@@ -8,8 +8,8 @@ from keel import ops
 from keel._oplist import KEEL_OPS
 
 
-def block(x, residual, w, positions, cache, wqkv, bias, k_cache, v_cache, slots):
-    """A decoder-layer-shaped use of every op (linear, norms, rotary, cache write, activation, muladd)."""
+def block(x, residual, w, positions, cache, wqkv, bias, k_cache, v_cache, slots, w8, w8_scale):
+    """A decoder-layer-shaped use of every op (linear, fp8_linear, norms, rotary, cache write, activation, muladd)."""
     h = ops.rms_norm(x, w, 1e-6)
     qkv = ops.linear(h, wqkv, bias)  # [T, 32 + 16 + 16]
     q = qkv[:, :32].clone()
@@ -19,7 +19,8 @@ def block(x, residual, w, positions, cache, wqkv, bias, k_cache, v_cache, slots)
     ops.reshape_and_cache(k.view(-1, 2, 8), v.view(-1, 2, 8), k_cache, v_cache, slots)
     act = ops.silu_and_mul(torch.cat([q, k], dim=-1))
     y = ops.fused_muladd(act, act, 0.5)
-    x2 = x + y.sum(-1, keepdim=True) + k_cache.sum() + v_cache.sum()
+    o8 = ops.fp8_linear(h, w8, w8_scale, None)  # [T, 8], an FP8 projection
+    x2 = x + y.sum(-1, keepdim=True) + k_cache.sum() + v_cache.sum() + o8.sum(-1, keepdim=True)
     ops.fused_add_rms_norm(x2, residual, w, 1e-6)
     return x2, residual, k_cache, v_cache
 
@@ -40,6 +41,8 @@ def _inputs():
         torch.zeros(3, 4, 2, 8),
         torch.zeros(3, 4, 2, 8),
         torch.tensor([0, 5, -1, 6, 11]),
+        (torch.randn(8, 64, generator=g) * 8).to(torch.float8_e4m3fn),
+        torch.rand(8, 1, generator=g) * 0.01 + 0.001,
     )
 
 

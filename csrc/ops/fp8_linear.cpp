@@ -1,0 +1,169 @@
+// keel/csrc/ops/fp8_linear.cpp
+// keel::fp8_linear(Tensor x, Tensor qweight, Tensor scale, Tensor? bias) -> Tensor
+//   x [..., K] (float32, bfloat16 or float16), qweight [N, K] float8_e4m3fn, scale fp32 [N, ceil(K/128)]
+//   (one per row and 128-wide K block) or [ceil(N/128), ceil(K/128)] (128x128 blocks) -> [..., N] in x's dtype.
+// Weight-only FP8 on the CPU: x is widened to fp32 once per call, the weight decoded in registers
+// (fp8_linear_cpu.cpp). The CUDA library refuses: CUDA runs FP8 through keel.vendored.deep_gemm.
+#include "ops/fp8_linear.h"
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "stable/alloc.h"
+#include "stable/device.h"
+#include "stable/layout.h"
+#include "stable/library.h"
+#include "stable/parallel.h"
+
+namespace keel {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Checks every argument; returns the dtype of x (and bias, and the output).
+DType check_fp8_linear_args(const char* op, const Tensor& x, const Tensor& qweight, const Tensor& scale,
+                            const std::optional<Tensor>& bias) {
+  check_library_device(op, "x", x);
+  const DType dt = check_float_dtype(op, "x", x);
+  check_min_dim(op, "x", x, 1);
+  check_same_device(op, "qweight", qweight, "x", x);
+  check_same_device(op, "scale", scale, "x", x);
+  KEEL_CHECK(dtype_code(qweight) == aoti_torch_dtype_float8_e4m3fn(), op, ": qweight must be float8_e4m3fn, got ",
+             scalar_type_name(qweight.scalar_type()));
+  KEEL_CHECK(dtype_code(scale) == shim_codes().float32, op, ": scale must be float32, got ",
+             scalar_type_name(scale.scalar_type()));
+  const int64_t k = x.size(-1);
+  KEEL_CHECK(qweight.dim() == 2 && qweight.size(1) == k, op, ": qweight must be [N, ", k,
+             "] to match x's last dim, got ", shape_str(qweight));
+  KEEL_CHECK(qweight.stride(1) == 1 || k <= 1, op,
+             ": qweight must have unit stride along its last dim (K), got stride ", qweight.stride(1));
+  const int64_t n = qweight.size(0);
+  const int64_t kb = ceil_div(k, kFp8BlockK);
+  KEEL_CHECK(scale.dim() == 2 && scale.size(1) == kb && (scale.size(0) == n || scale.size(0) == ceil_div(n, 128)), op,
+             ": scale must be [", n, ", ", kb, "] (per row) or [", ceil_div(n, 128), ", ", kb,
+             "] (per 128 rows) for qweight ", shape_str(qweight), ", got ", shape_str(scale));
+  if (bias.has_value()) {
+    check_same_device(op, "bias", *bias, "x", x);
+    check_same_dtype(op, "bias", *bias, "x", x);
+    KEEL_CHECK(bias->dim() == 1 && bias->size(0) == n, op, ": bias must be [", n, "] to match qweight's rows, got ",
+               shape_str(*bias));
+  }
+  return dt;
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, std::optional<Tensor> bias) {
+  constexpr const char* op = "keel::fp8_linear";
+#ifdef KEEL_CUDA_LIBRARY
+  KEEL_CHECK(false, op, ": x must be a CPU tensor, got ", device_name(x),
+             " (CUDA runs FP8 through keel.vendored.deep_gemm.fp8_gemm_nt)");
+  (void)qweight;
+  (void)scale;
+  (void)bias;
+  return x;
+#else
+  const DType dt = check_fp8_linear_args(op, x, qweight, scale, bias);
+  const int64_t m = leading_numel(x, x.dim() - 1);
+  const int64_t k = x.size(-1);
+  const int64_t n = qweight.size(0);
+  std::vector<int64_t> out_sizes = sizes_of(x);
+  out_sizes.back() = n;
+  Tensor out = empty_contiguous(out_sizes, dtype_code(x), x);
+  if (m == 0 || n == 0) return out;
+
+  Fp8LinearParams p{};
+  p.dtype = dt;
+  p.kp = ceil_div(k, kFp8BlockK) * kFp8BlockK;
+  // x in fp32, rows padded with zeros to whole K blocks: converted once, read for every weight row
+  thread_local std::vector<float> xbuf;
+  xbuf.assign(static_cast<size_t>(m * p.kp), 0.0f);
+  if (k > 0) {
+    const RowLayout rows = row_layout(op, "x", x, x.dim() - 1);
+    const int64_t col = x.stride(-1);
+    dispatch_storage(dt, [&](auto tag) {
+      using T = decltype(tag);
+      const T* xs = static_cast<const T*>(x.data_ptr());
+      for (int64_t r = 0; r < m; ++r) {
+        const T* xr = xs + row_offset(rows, r);
+        float* dst = xbuf.data() + r * p.kp;
+        if (col == 1) {
+          for (int64_t i = 0; i < k; ++i) dst[i] = load(xr + i);
+        } else {
+          for (int64_t i = 0; i < k; ++i) dst[i] = load(xr + i * col);
+        }
+      }
+    });
+  }
+  p.x = xbuf.data();
+  // bf16 x on AVX512-BF16: its bf16 copy for vdpbf16ps, each row scaled by a power of two (exact)
+  thread_local std::vector<uint16_t> x16buf;
+  thread_local std::vector<float> x16_unscale, x_scale;
+  if (dt == DType::kBFloat16 && cpu_has_avx512bf16() && k > 0) {
+    x16buf.assign(static_cast<size_t>(m * p.kp), 0);
+    x16_unscale.resize(static_cast<size_t>(m));
+    x_scale.resize(static_cast<size_t>(m));
+    bool ok = true;
+    for (int64_t r = 0; r < m && ok; ++r) {
+      const float* xr = xbuf.data() + r * p.kp;
+      float mx = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        const float a = std::fabs(xr[i]);
+        mx = a > mx ? a : mx;
+        if (!(a <= 3.4e38f)) ok = false;  // inf or NaN: the exact path propagates them
+      }
+      int ex = 0;
+      std::frexp(mx, &ex);                     // mx = f * 2^ex, f in [0.5, 1)
+      const int e = mx == 0.0f ? 0 : 65 - ex;  // max |x| * 2^e in [2^64, 2^65)
+      if (e < -14 || e > 127) ok = false;      // keeps every factor below a normal fp32 number
+      const float f = std::ldexp(1.0f, e);
+      uint16_t* dst = x16buf.data() + r * p.kp;
+      for (int64_t i = 0; i < k; ++i) {
+        uint32_t u;
+        const float v = xr[i] * f;  // exact: x is bf16, the factor a power of two
+        std::memcpy(&u, &v, sizeof(u));
+        dst[i] = static_cast<uint16_t>(u >> 16);
+      }
+      x16_unscale[r] = std::ldexp(1.0f, 120 - e);
+      x_scale[r] = std::ldexp(1.0f, e - 112);
+    }
+    if (ok) {
+      p.x16 = x16buf.data();
+      p.x16_unscale = x16_unscale.data();
+      p.x_scale = x_scale.data();
+    }
+  }
+  p.w = static_cast<const uint8_t*>(qweight.data_ptr());
+  p.w_row = qweight.stride(0);
+  p.scale = static_cast<const float*>(scale.data_ptr());
+  p.scale_rows = scale.size(0) == n ? 1 : 128;
+  p.scale_s0 = scale.stride(0);
+  p.scale_s1 = scale.stride(1);
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.bias_stride = bias.has_value() ? bias->stride(0) : 0;
+  p.n = n;
+  p.k = k;
+  p.out = out.data_ptr();
+  const int64_t out_elem = dt == DType::kFloat32 ? 4 : 2;
+  for (int64_t m0 = 0; m0 < m; m0 += kFp8RowBlock) {
+    Fp8LinearParams q = p;
+    q.m = m - m0 < kFp8RowBlock ? m - m0 : kFp8RowBlock;
+    q.x = p.x + m0 * p.kp;
+    if (q.x16) {
+      q.x16 += m0 * p.kp;
+      q.x16_unscale += m0;
+      q.x_scale += m0;
+    }
+    q.out = static_cast<char*>(p.out) + m0 * n * out_elem;
+    // each chunk decodes >= 32 KB of weight (small layers run inline, skipping the pool hand-off)
+    parallel_for(n, grain_for(k * q.m, 32768), [&](int64_t b, int64_t e) { cpu::fp8_linear_cols(q, b, e); });
+  }
+  return out;
+#endif
+}
+
+}  // namespace keel
+
+KEEL_LIBRARY_IMPL(m) { m.impl("fp8_linear", TORCH_BOX(&keel::fp8_linear)); }

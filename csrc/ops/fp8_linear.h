@@ -1,0 +1,44 @@
+// keel/csrc/ops/fp8_linear.h
+// y[m, n] = sum_k x[m, k] * dequant(w[n, k]) + bias[n] for an e4m3 weight with fp32 scales per 128-wide K
+// block (one per row, or per 128 rows), fp32 accumulation; x is not quantized (weight-only FP8).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cpu_isa.h"
+#include "stable/kernel_types.h"
+
+namespace keel {
+
+constexpr int64_t kFp8BlockK = 128;   // K block of one weight scale
+constexpr int64_t kFp8RowBlock = 32;  // rows of x per pass over the weight
+
+struct Fp8LinearParams {
+  DType dtype;     // of out and bias
+  void* out;       // contiguous [m, n]
+  const float* x;  // fp32 [m, kp], zero past k (kp: k rounded up to kFp8BlockK)
+  int64_t kp;
+  // Only when cpu_has_avx512bf16() and x is bf16 (finite, not extreme): x16[i] = x[i] * 2^e_i in bf16
+  // (exact), [m, kp] zero past k, with e_i chosen per row so that max |x16[i]| is in [2^64, 2^65); the
+  // kernel's sums are then in units of 2^(e_i - 120): x16_unscale[i] = 2^(120 - e_i) brings them back and
+  // x_scale[i] = 2^(e_i - 112) takes an exact fp32 block's sum (value * 2^-8) there. nullptr otherwise.
+  const uint16_t* x16;
+  const float* x16_unscale;
+  const float* x_scale;
+  const uint8_t* w;  // e4m3 bytes [n, k]: row r at w + r * w_row
+  int64_t w_row;
+  const float* scale;  // block (r, b) scales by scale[(r / scale_rows) * scale_s0 + b * scale_s1]
+  int64_t scale_rows;
+  int64_t scale_s0;
+  int64_t scale_s1;
+  const void* bias;  // [n] every bias_stride elements, or nullptr
+  int64_t bias_stride;
+  int64_t m;
+  int64_t n;
+  int64_t k;
+};
+
+// Output features [begin, end) for all m rows (m <= kFp8RowBlock); each weight row is read once.
+KEEL_DECLARE_CPU_KERNEL(fp8_linear_cols, Fp8LinearParams)
+
+}  // namespace keel

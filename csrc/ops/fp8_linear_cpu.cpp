@@ -1,0 +1,339 @@
+// keel/csrc/ops/fp8_linear_cpu.cpp
+// CPU kernel of keel::fp8_linear (compiled once per ISA, no torch header): a GEMV over e4m3 weights that
+// streams each weight row once, decoding it in registers, for every row of x of the pass.
+//
+// e4m3 -> fp32 exactly, in 3 integer ops and one conversion: sign-extending a byte to 16 bits, shifting it
+// left by 7 and clearing bit 14 gives the fp16 number with the same sign, exponent field and mantissa,
+// i.e. the e4m3 value times 2^-8 (e4m3 subnormals land on fp16 subnormals, also exact); vcvtph2ps widens
+// it to fp32 and the 2^8 joins the block scale. e4m3's NaN bytes (S.1111.111) would decode to a finite
+// number, so they are detected on the side (a compare per 64 bytes) and make that output row NaN.
+//
+// Per output, in every build: for each 128-wide K block, acc = x[0:W] * w[0:W], then acc += x[jW:] * w[jW:]
+// (FMA, j in order), then total += acc * (scale * 2^8); at the end the W lanes of total are summed in a
+// fixed tree, the bias added, and the sum rounded once to the output dtype. W is the vector width of the
+// build (16 with AVX-512, 8 otherwise), so results depend on the ISA but never on how rows are split
+// among threads or passes.
+//   AVX-512 (AVX512F/BW/VL, checked at run time, in the AVX2 build): 32 weights per 256-bit load.
+//   AVX2 build: the same decode on 16 weights (F16C); baseline build: a 256-entry table.
+#include <cstring>
+
+#include "ops/fp8_linear.h"
+
+#if defined(__AVX2__)
+// GCC 12's intrinsic headers self-initialize their undefined-value placeholders (`__Y = __Y`),
+// which -Wmaybe-uninitialized reports at every inlined use
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#endif
+
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace keel::KEEL_CPU_NS {
+namespace {
+
+constexpr float kFp8Shift = 256.0f;       // the fp16 decode yields value * 2^-8
+constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of the current block to prefetch the weight row
+
+typedef float f32x8 __attribute__((vector_size(32)));
+
+KEEL_KINLINE float hsum8(const f32x8& v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+template <typename T>
+KEEL_KINLINE void store_out(const Fp8LinearParams& p, int64_t row, int64_t r, float s, bool nan) {
+  const T* bias = static_cast<const T*>(p.bias);
+  if (bias) s += load(bias + r * p.bias_stride);
+  if (nan) s = bits_to_float(0x7FC00000u);
+  store(static_cast<T*>(p.out) + row * p.n + r, s);
+}
+
+KEEL_KINLINE void store_any(const Fp8LinearParams& p, int64_t row, int64_t r, float s, bool nan) {
+  dispatch_storage(p.dtype, [&](auto tag) { store_out<decltype(tag)>(p, row, r, s, nan); });
+}
+
+KEEL_KINLINE float block_scale(const Fp8LinearParams& p, const float* srow, int64_t b) {
+  return srow[b * p.scale_s1] * kFp8Shift;
+}
+
+// ---- portable 8-lane version (baseline: table; AVX2: F16C decode) ----------------------------------------
+
+#if defined(__AVX2__)
+// 16 e4m3 bytes -> two vectors of value * 2^-8; returns whether a NaN byte was among them
+KEEL_KINLINE bool decode16(const uint8_t* p, f32x8* w) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i h =
+      _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+  const __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  const __m256 hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+  std::memcpy(&w[0], &lo, sizeof(lo));
+  std::memcpy(&w[1], &hi, sizeof(hi));
+  const __m128i all = _mm_or_si128(raw, _mm_set1_epi8(static_cast<char>(0x80)));
+  return _mm_movemask_epi8(_mm_cmpeq_epi8(all, _mm_set1_epi8(-1))) != 0;
+}
+#else
+struct Fp8Table {
+  float v[256];
+  Fp8Table() {
+    for (int i = 0; i < 256; ++i) {
+      const int e = (i >> 3) & 15, m = i & 7;
+      float a = e == 0 ? static_cast<float>(m) * (1.0f / 512.0f)  // subnormal: m * 2^-9
+                       : (1.0f + static_cast<float>(m) / 8.0f) * static_cast<float>(1 << e) / 128.0f;
+      if (e == 15 && m == 7) a = bits_to_float(0x7FC00000u);  // NaN
+      v[i] = ((i & 128) ? -a : a) / kFp8Shift;
+    }
+  }
+};
+const Fp8Table& fp8_table() {
+  static const Fp8Table t;
+  return t;
+}
+KEEL_KINLINE bool decode16(const uint8_t* p, f32x8* w) {
+  const float* t = fp8_table().v;
+  for (int i = 0; i < 8; ++i) w[0][i] = t[p[i]];
+  for (int i = 0; i < 8; ++i) w[1][i] = t[p[8 + i]];
+  return false;  // the table's NaN propagates through the arithmetic
+}
+#endif
+
+KEEL_KINLINE f32x8 load8(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+void cols_portable(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  constexpr int kVecs = kFp8BlockK / 8;
+  const int64_t nb = p.kp / kFp8BlockK;
+  f32x8 total[kFp8RowBlock];
+  alignas(64) uint8_t pad[kFp8BlockK];
+  for (int64_t r = begin; r < end; ++r) {
+    const uint8_t* wrow = p.w + r * p.w_row;
+    const float* srow = p.scale + (r / p.scale_rows) * p.scale_s0;
+    bool nan = false;
+    for (int64_t i = 0; i < p.m; ++i) total[i] = f32x8{};
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* src = wrow + b * kFp8BlockK;
+      const int64_t left = p.k - b * kFp8BlockK;
+      if (left < kFp8BlockK) {  // the partial last block, from a zero-padded copy
+        std::memset(pad, 0, sizeof(pad));
+        std::memcpy(pad, src, static_cast<size_t>(left));
+        src = pad;
+      }
+      f32x8 w[kVecs];
+      for (int j = 0; j < kVecs; j += 2) nan |= decode16(src + 8 * j, w + j);
+      const float s = block_scale(p, srow, b);
+      const f32x8 sv = f32x8{} + s;
+      for (int64_t i = 0; i < p.m; ++i) {
+        const float* xp = p.x + i * p.kp + b * kFp8BlockK;
+        f32x8 acc = load8(xp) * w[0];
+#pragma GCC unroll 16
+        for (int j = 1; j < kVecs; ++j) acc = load8(xp + 8 * j) * w[j] + acc;
+        total[i] = acc * sv + total[i];
+      }
+    }
+    for (int64_t i = 0; i < p.m; ++i) store_any(p, i, r, hsum8(total[i]), nan);
+  }
+}
+
+// ---- AVX-512 ------------------------------------------------------------------------------------------
+
+#if defined(__AVX2__)
+#define KEEL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+typedef float f32x16 __attribute__((vector_size(64)));
+
+KEEL_AVX512 KEEL_KINLINE float hsum16(__m512 v) {
+  const f32x16 u = (f32x16)v;
+  return hsum8(__builtin_shufflevector(u, u, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(u, u, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+// 32 e4m3 bytes -> two vectors of value * 2^-8
+KEEL_AVX512 KEEL_KINLINE void decode32(__m256i raw, __m512* w) {
+  const __m512i h =
+      _mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 7), _mm512_set1_epi16(static_cast<short>(0xBF80)));
+  w[0] = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+  w[1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+
+// One 128-byte block of a weight row -> 8 vectors; masked past `left` bytes (zeros, and no read past the
+// row). Sets bits of `nan` for NaN bytes.
+KEEL_AVX512 KEEL_KINLINE void decode_block(const uint8_t* src, int64_t left, __m512* w, __mmask64& nan) {
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i ones = _mm512_set1_epi8(-1);
+  if (left >= kFp8BlockK) {
+    _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes + 64), _MM_HINT_T0);
+    nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(_mm512_loadu_si512(src), sign), ones);
+    nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(_mm512_loadu_si512(src + 64), sign), ones);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) decode32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * j)), w + 2 * j);
+    return;
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const int64_t n = left - 32 * j;
+    const __mmask32 m = n >= 32 ? ~__mmask32{0} : n <= 0 ? __mmask32{0} : (__mmask32{1} << n) - 1;
+    const __m256i raw = _mm256_maskz_loadu_epi8(m, src + 32 * j);
+    nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(_mm512_castsi256_si512(raw), sign), ones) & 0xFFFFFFFFull;
+    decode32(raw, w + 2 * j);
+  }
+}
+
+KEEL_AVX512 KEEL_KINLINE __m512 block_dot(const float* xp, const __m512* w) {
+  __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(xp), w[0]);
+#pragma GCC unroll 8
+  for (int j = 1; j < 8; ++j) acc = _mm512_fmadd_ps(_mm512_loadu_ps(xp + 16 * j), w[j], acc);
+  return acc;
+}
+
+KEEL_AVX512 void cols_avx512(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  const int64_t nb = p.kp / kFp8BlockK;
+  if (p.m == 1) {  // decode: the running total stays in a register
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* wrow = p.w + r * p.w_row;
+      const float* srow = p.scale + (r / p.scale_rows) * p.scale_s0;
+      __mmask64 nan = 0;
+      __m512 total = _mm512_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        __m512 w[8];
+        decode_block(wrow + b * kFp8BlockK, p.k - b * kFp8BlockK, w, nan);
+        const __m512 acc = block_dot(p.x + b * kFp8BlockK, w);
+        total = _mm512_fmadd_ps(acc, _mm512_set1_ps(block_scale(p, srow, b)), total);
+      }
+      store_any(p, 0, r, hsum16(total), nan != 0);
+    }
+    return;
+  }
+  __m512 total[kFp8RowBlock];
+  for (int64_t r = begin; r < end; ++r) {
+    const uint8_t* wrow = p.w + r * p.w_row;
+    const float* srow = p.scale + (r / p.scale_rows) * p.scale_s0;
+    __mmask64 nan = 0;
+    for (int64_t i = 0; i < p.m; ++i) total[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m512 w[8];
+      decode_block(wrow + b * kFp8BlockK, p.k - b * kFp8BlockK, w, nan);
+      const __m512 s = _mm512_set1_ps(block_scale(p, srow, b));
+      for (int64_t i = 0; i < p.m; ++i) {
+        total[i] = _mm512_fmadd_ps(block_dot(p.x + i * p.kp + b * kFp8BlockK, w), s, total[i]);
+      }
+    }
+    for (int64_t i = 0; i < p.m; ++i) store_any(p, i, r, hsum16(total[i]), nan != 0);
+  }
+}
+
+// ---- AVX512-BF16: e4m3 as bf16, vdpbf16ps ----------------------------------------------------------------
+// Sign-extending an e4m3 byte to 16 bits, shifting it left by 4 and keeping bits 15 and 10..4 gives the bf16
+// number with the same sign, exponent field and mantissa, i.e. the value times 2^-120 (3 ops per 32
+// weights); vdpbf16ps then does 32 multiply-adds per instruction (products exact, fp32 sums) against x's
+// bf16 copy scaled by 2^e (p.x16), which keeps the products far from fp32's subnormals. e4m3 subnormals
+// would become bf16 subnormals, which vdpbf16ps reads as zero, and NaN bytes would become finite numbers:
+// a block holding either (or a zero byte: the test is one compare on (b & 0x7F) + 1 <= 8) goes through the
+// exact fp16 decode instead. Per block: acc = dpbf16 over the 4 32-wide pieces in order, total += acc * s.
+#define KEEL_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+template <bool kFull>
+KEEL_AVX512BF16 KEEL_KINLINE __mmask32 piece_mask(int64_t left, int j) {
+  if (kFull) return ~__mmask32{0};
+  const int64_t n = left - 32 * j;
+  return n >= 32 ? ~__mmask32{0} : n <= 0 ? __mmask32{0} : (__mmask32{1} << n) - 1;
+}
+
+// 128 bytes of a weight row -> 4 bf16 vectors (masked past `left`); returns false when a byte needs the
+// exact path (zero, subnormal or NaN)
+template <bool kFull>
+KEEL_AVX512BF16 KEEL_KINLINE bool decode_block_bf16(const uint8_t* src, int64_t left, __m512bh* w) {
+  const __m512i one = _mm512_set1_epi8(1);
+  const __m512i low7 = _mm512_set1_epi8(0x7F);
+  const __m512i eight = _mm512_set1_epi8(8);
+  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0));
+  __mmask64 special = 0;
+  if (kFull) {
+    _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes + 64), _MM_HINT_T0);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {  // the test on 64 bytes at a time, the decode on 32
+      const __m512i raw = _mm512_loadu_si512(src + 64 * h);
+      special |= _mm512_cmple_epu8_mask(_mm512_and_si512(_mm512_add_epi8(raw, one), low7), eight);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * j));
+      w[j] = (__m512bh)_mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 4), keep);
+    }
+    return special == 0;
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __mmask32 m = piece_mask<kFull>(left, j);
+    const __m256i raw = _mm256_maskz_loadu_epi8(m, src + 32 * j);
+    special |= _mm512_mask_cmple_epu8_mask(m, _mm512_and_si512(_mm512_add_epi8(_mm512_castsi256_si512(raw), one), low7),
+                                           eight);
+    w[j] = (__m512bh)_mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 4), keep);
+  }
+  return special == 0;
+}
+
+KEEL_AVX512BF16 KEEL_KINLINE __m512 block_dot_bf16(const uint16_t* xp, const __m512bh* w) {
+  __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)_mm512_loadu_si512(xp), w[0]);
+#pragma GCC unroll 4
+  for (int j = 1; j < 4; ++j) acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(xp + 32 * j), w[j]);
+  return acc;
+}
+
+// One block of weight row r for rows [0, m) of x: adds to total[i] in units of 2^(e_i - 120)
+template <bool kFull>
+KEEL_AVX512BF16 KEEL_KINLINE void block_bf16(const Fp8LinearParams& p, const uint8_t* src, int64_t b, float s,
+                                             __m512* total, __mmask64& nan) {
+  const int64_t left = p.k - b * kFp8BlockK;
+  __m512bh w[4];
+  if (decode_block_bf16<kFull>(src, left, w)) {
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int64_t i = 0; i < p.m; ++i) {
+      total[i] = _mm512_fmadd_ps(block_dot_bf16(p.x16 + i * p.kp + b * kFp8BlockK, w), sv, total[i]);
+    }
+    return;
+  }
+  __m512 wf[8];  // exact: fp16 decode, fp32 FMA against x
+  decode_block(src, left, wf, nan);
+  for (int64_t i = 0; i < p.m; ++i) {
+    const __m512 acc = block_dot(p.x + i * p.kp + b * kFp8BlockK, wf);
+    total[i] = _mm512_fmadd_ps(acc, _mm512_set1_ps(s * p.x_scale[i]), total[i]);
+  }
+}
+
+template <int64_t M>  // M > 0: exactly M rows of x (totals in registers); 0: p.m rows
+KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  const int64_t nb = p.kp / kFp8BlockK;
+  const int64_t full = p.k / kFp8BlockK;
+  Fp8LinearParams q = p;
+  if (M > 0) q.m = M;
+  __m512 total[M > 0 ? M : kFp8RowBlock];
+  for (int64_t r = begin; r < end; ++r) {
+    const uint8_t* wrow = q.w + r * q.w_row;
+    const float* srow = q.scale + (r / q.scale_rows) * q.scale_s0;
+    __mmask64 nan = 0;
+    for (int64_t i = 0; i < q.m; ++i) total[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < full; ++b) block_bf16<true>(q, wrow + b * kFp8BlockK, b, srow[b * q.scale_s1], total, nan);
+    if (full < nb) block_bf16<false>(q, wrow + full * kFp8BlockK, full, srow[full * q.scale_s1], total, nan);
+    for (int64_t i = 0; i < q.m; ++i) store_any(q, i, r, hsum16(total[i]) * q.x16_unscale[i], nan != 0);
+  }
+}
+
+KEEL_AVX512BF16 void cols_bf16(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  if (p.m == 1) return cols_bf16_impl<1>(p, begin, end);
+  cols_bf16_impl<0>(p, begin, end);
+}
+#endif  // __AVX2__
+
+}  // namespace
+
+void fp8_linear_cols(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+#if defined(__AVX2__)
+  if (p.x16 != nullptr) return cols_bf16(p, begin, end);  // the wrapper chose AVX512-BF16
+  if (cpu_has_avx512()) return cols_avx512(p, begin, end);
+#endif
+  cols_portable(p, begin, end);
+}
+
+}  // namespace keel::KEEL_CPU_NS

@@ -1,0 +1,211 @@
+"""keel::fp8_linear (weight-only FP8 GEMV on the CPU) against the fp64 product of x and the dequantized weight.
+
+Each ISA level runs in a child process (KEEL_CPU_ISA=base, avx2, auto): the baseline table decode, the AVX2
+F16C decode, and on an AVX-512 CPU the fp16 decode (fp32/fp16 x) and the AVX512-BF16 vdpbf16ps path (bf16 x),
+whose e4m3 subnormals, NaN bytes and zero bytes go through the exact decode and whose x is scaled per row by a
+power of two (tiny and huge rows included). Every level must round the fp32 sum once into the output dtype.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from support.devices import assert_rounded_like
+
+from keel import ops
+from keel.vendored import deep_gemm as dg
+
+# Shared with the child processes: quantize, dequantize, reference, check.
+HELPERS = r"""
+import torch
+from keel import ops
+from keel.vendored import deep_gemm as dg
+
+def quantize(w, block=False):
+    q, s = (dg.per_block_cast_to_fp8 if block else dg.per_token_cast_to_fp8)(w.float().contiguous())
+    return q, s
+
+def dequant(q, s):
+    n, k = q.shape
+    rows = 1 if s.shape[0] == n else 128
+    full = s.double().repeat_interleave(rows, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    return q.double() * full
+
+def reference(x, q, s, bias):
+    out = x.double() @ dequant(q, s).T
+    return out if bias is None else out + bias.double()
+
+def close(out, x, q, s, bias):
+    want = reference(x, q, s, bias)
+    assert out.shape == want.shape and out.dtype == x.dtype, (out.shape, out.dtype)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[x.dtype]
+    scale = x.double().abs() @ dequant(q, s).abs().T + 1e-30  # the sum of |terms|: fp32 error is relative to it
+    err = ((out.double() - want).abs() / scale).nan_to_num(0.0)
+    assert float(err.max()) <= tol, f"{x.dtype} {tuple(x.shape)} x {tuple(q.shape)}: error {float(err.max())}"
+    return want
+
+def special_weight(n, k, seed):
+    # e4m3 bytes with subnormals (0x01-0x07, 0x81-0x87), zeros and plain values, sprinkled over blocks
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randint(0x08, 0x77, (n, k), generator=g, dtype=torch.uint8)
+    b |= (torch.rand(n, k, generator=g) < 0.5).to(torch.uint8) << 7
+    sub = torch.rand(n, k, generator=g) < 0.01
+    b[sub] = torch.randint(1, 8, (int(sub.sum()),), generator=g, dtype=torch.uint8) | (b[sub] & 0x80)
+    b[torch.rand(n, k, generator=g) < 0.005] = 0
+    b[: n // 2, :] = torch.randint(1, 8, (n // 2, k), generator=g, dtype=torch.uint8)  # rows of subnormals only
+    q = b.view(torch.float8_e4m3fn)
+    s = torch.rand(n, (k + 127) // 128, generator=g) + 0.5
+    return q, s
+
+def run_checks():
+    torch.manual_seed(0)
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        for m, k, n in [(1, 576, 96), (3, 300, 40), (33, 129, 17), (2, 64, 7)]:
+            for block in (False, True):
+                x = torch.randn(m, k).to(dt)
+                q, s = quantize(torch.randn(n, k), block)
+                bias = torch.randn(n).to(dt)
+                close(ops.fp8_linear(x, q, s, bias), x, q, s, bias)
+        q, s = special_weight(24, 300, 1)
+        x = torch.randn(2, 300).to(dt)
+        close(ops.fp8_linear(x, q, s, None), x, q, s, None)
+    return "ok"
+"""
+_H: dict = {}
+exec(HELPERS, _H)  # the same helpers in this process
+quantize, reference, close, special_weight = _H["quantize"], _H["reference"], _H["close"], _H["special_weight"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 2, 5, 32, 40])
+@pytest.mark.parametrize("k, n", [(576, 960), (1536, 64), (300, 260), (64, 7), (129, 5), (1, 3)], ids=str)
+@pytest.mark.parametrize("block", [False, True], ids=["row-scales", "128x128-scales"])
+def test_matches_reference(dtype, m, k, n, block):
+    g = torch.Generator().manual_seed(m * 1000 + k + n)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    q, s = quantize(torch.randn(n, k, generator=g), block)
+    bias = torch.randn(n, generator=g).to(dtype) if n % 2 == 0 else None
+    out = ops.fp8_linear(x, q, s, bias)
+    want = close(out, x, q, s, bias)
+    if dtype != torch.float32:  # one rounding of the fp32 sum
+        assert_rounded_like(out, want.to(dtype), dtype, max_ulps=None)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_subnormal_and_zero_bytes_are_exact(dtype):
+    q, s = special_weight(40, 576, 2)
+    x = torch.randn(3, 576).to(dtype)
+    close(ops.fp8_linear(x, q, s, None), x, q, s, None)
+    # the all-subnormal rows would be zeros if vdpbf16ps read them (bf16 subnormals are zero to it)
+    assert bool((ops.fp8_linear(x, q, s, None)[:, :20] != 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_nan_byte_makes_its_row_nan(dtype):
+    q, s = quantize(torch.randn(16, 300))
+    b = q.view(torch.uint8).clone()
+    b[3, 170] = 0x7F  # e4m3fn NaN (S.1111.111), in the partial last block
+    b[9, 5] = 0xFF
+    q = b.view(torch.float8_e4m3fn)
+    out = ops.fp8_linear(torch.randn(2, 300).to(dtype), q, s, None)
+    assert torch.equal(out.isnan().any(0), torch.tensor([i in (3, 9) for i in range(16)]))
+    assert bool(out[:, [3, 9]].isnan().all())
+
+
+def test_tiny_huge_and_nonfinite_rows():
+    q, s = quantize(torch.randn(50, 576))
+    x = torch.randn(4, 576)
+    x[1] *= 1e-30  # the bf16 path scales each row by its own power of two
+    x[2] *= 1e30
+    xb = x.bfloat16()
+    close(ops.fp8_linear(xb, q, s, None), xb, q, s, None)
+    xb[3, 7] = float("inf")  # a non-finite x: inf/nan as the exact arithmetic gives them
+    out = ops.fp8_linear(xb, q, s, None).float()
+    want = reference(xb, q, s, None)
+    assert torch.equal(out[3].isnan(), want[3].isnan()) and torch.equal(out[3].isinf(), want[3].isinf())
+
+
+def test_rows_do_not_depend_on_the_batch():
+    # the same x row gives the same bits alone, in a batch, and in a second 32-row pass
+    q, s = quantize(torch.randn(70, 576))
+    x = torch.randn(45, 576).bfloat16()
+    full = ops.fp8_linear(x, q, s, None)
+    for i in (0, 7, 40):
+        assert torch.equal(ops.fp8_linear(x[i : i + 1], q, s, None), full[i : i + 1])
+
+
+def test_strided_and_3d_inputs():
+    q, s = quantize(torch.randn(45, 70))
+    x = torch.randn(5, 3, 140).bfloat16()[..., ::2].transpose(0, 1)
+    bias = torch.randn(90).bfloat16()[::2]
+    out = ops.fp8_linear(x, q, s, bias)
+    assert out.shape == (3, 5, 45) and out.is_contiguous()
+    close(out.reshape(15, 45), x.reshape(15, 70), q, s, bias)
+    assert ops.fp8_linear(torch.randn(0, 70), q, s, None).shape == (0, 45)
+
+
+@pytest.mark.parametrize("isa", ["base", "avx2", "auto"])
+def test_cpu_isa_paths(isa, tmp_path):
+    # each build in a fresh process (the ISA is chosen once); outside the checkout, so the wheel is imported
+    code = HELPERS + "\nprint(run_checks())\n"
+    env = {**os.environ, "KEEL_CPU_ISA": isa}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+def test_fp8_linear_layer_uses_the_kernel_on_cpu():
+    from torch import nn
+
+    from keel.layers.fp8_linear import Fp8Linear
+
+    lin = nn.Linear(300, 70).bfloat16()
+    layer = Fp8Linear(lin)
+    x = torch.randn(2, 3, 300).bfloat16()
+    got = layer(x)
+    assert torch.equal(got, ops.fp8_linear(x, layer.qweight, layer.weight_scale, lin.bias))
+    assert dg.calc_diff(got, nn.functional.linear(x.double(), lin.weight.double(), lin.bias.double())) < 1e-3
+
+
+def test_opcheck():
+    q, s = quantize(torch.randn(8, 16))
+    # (opcheck's schema test runs aten ops that have no float8 CPU kernel, so the fake and autograd checks)
+    utils = ("test_faketensor", "test_autograd_registration")
+    op = torch.ops.keel.fp8_linear.default
+    torch.library.opcheck(op, (torch.randn(4, 16), q, s, torch.randn(8)), test_utils=utils)
+    torch.library.opcheck(op, (torch.randn(2, 3, 16).bfloat16(), q, s, None), test_utils=utils)
+
+
+def _q(n=8, k=16):
+    return quantize(torch.randn(n, k))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda q, s: (torch.randn(2, 12), q, s, None), r"keel::fp8_linear: qweight must be \[N, 12\] to match"),
+        (lambda q, s: (torch.randn(2, 16), q.float(), s, None), r"keel::fp8_linear: qweight must be float8_e4m3fn"),
+        (lambda q, s: (torch.randn(2, 16), q, s.double(), None), r"keel::fp8_linear: scale must be float32"),
+        (
+            lambda q, s: (torch.randn(2, 16), q, torch.ones(8, 2), None),
+            r"keel::fp8_linear: scale must be \[8, 1\] \(per row\) or \[1, 1\] \(per 128 rows\)",
+        ),
+        (lambda q, s: (torch.randn(2, 16), q, s, torch.randn(7)), r"keel::fp8_linear: bias must be \[8\]"),
+        (
+            lambda q, s: (torch.randn(2, 16), q, s, torch.randn(8).bfloat16()),
+            r"keel::fp8_linear: bias must have the dtype of x",
+        ),
+        (lambda q, s: (torch.ones(2, 16, dtype=torch.int32), q, s, None), r"keel::fp8_linear: x must be float32"),
+    ],
+)
+def test_bad_arguments(make, match):
+    q, s = _q()
+    args = make(q, s)
+    with pytest.raises(RuntimeError, match=match):
+        ops.fp8_linear(*args)
+    meta = [a.to("meta") if a is not None else None for a in args]  # the fake (meta) checks the same
+    with pytest.raises(RuntimeError, match=match):
+        ops.fp8_linear(*meta)
