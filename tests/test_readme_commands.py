@@ -37,6 +37,8 @@ SKIP = {
     r"device_check\.sh": "needs a GPU",
     r"pip download|^for v in|^done$|gen_shim_table\.py --torch /work/cache": "network: downloads torch wheels of "
     "six releases (several GB)",
+    r"\.venv-bench|^CMAKE_ARGS=|^-DGGML": "builds llama-cpp-python from source for the llama.cpp benchmark (about 50 "
+    "minutes on 2 cores; an optional benchmark dependency); its keel rows run below",
     r"mutate_elf\.py /work/cache": "network: mutates wheels downloaded from PyPI (vllm 0.33.0, xformers 0.0.35, "
     "torchaudio 2.9.1; 340 MB)",
 }
@@ -63,6 +65,7 @@ TINY = {
         ],
         {},
     ),
+    r"scripts/bench_llamacpp\.py": (["--threads", "1", "--new-tokens", "8", "--repeats", "1", "--rounds", "1"], {}),
     r"scripts/fuzz_loaders\.py": (["--only", "config.json:vocab_size="], {}),  # the full run: 870 loads, ~30 min
     r"scripts/soak_serve\.py": (
         ["--duration", "12", "--warmup", "4", "--burst-every", "4", "--kv-cache-gib", "0.011"],

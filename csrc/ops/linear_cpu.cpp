@@ -1,8 +1,8 @@
 // keel/csrc/ops/linear_cpu.cpp
 // CPU kernel of keel::linear for few rows (compiled once per ISA, no torch header).
 // Each weight row is read front to back, once for all m rows: one sequential stream that the
-// hardware prefetcher follows, plus a software prefetch 8 KB ahead, which on a 2-core EPYC streams
-// ~1.3x faster than oneDNN's prepacked GEMV. Up to 4 x rows share each weight load (more rows loop
+// hardware prefetcher follows, plus a software prefetch 8 KB ahead (how it compares with oneDNN's
+// prepacked GEMV is measured in the README, not here). Up to 4 x rows share each weight load (more rows loop
 // over groups of 4, re-reading the row from L1), with KU independent accumulators per row.
 //   AVX2 build: GCC vector extensions (ymm FMA; bf16 -> fp32 is a 16-bit shift); the baseline build
 //     gets the same code as SSE pairs.
@@ -173,7 +173,7 @@ KEEL_AVX512BF16 inline void row_tile_bf16(const LinearParams& p, int64_t m0, int
 
 // Prompts (4 or more x rows): MR x rows times NR weight rows, 32 columns a step, one accumulator per
 // output (MR * NR independent dpbf16 chains), so each step loads MR + NR vectors for MR * NR
-// dot-product steps instead of 1 + MR (1.5x - 2x faster than row_tile_bf16 at 32-64 rows). Every
+// dot-product steps instead of 1 + MR. Every
 // element of such a call is summed in the same order whatever its tile (one fp32 accumulator over k,
 // masked tail, then the 16-lane sum), so how rows and output features are split does not change it.
 template <int MR, int NR>
