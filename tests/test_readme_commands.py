@@ -84,6 +84,8 @@ _servers: list[subprocess.Popen] = []
 def _stop_servers():
     yield
     for proc in _servers:
+        if proc.poll() is not None:  # it exited on its own: nothing to stop (its test reported it)
+            continue
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
@@ -96,6 +98,14 @@ def start_server(line: str, health: str, cwd: Path, env: dict[str, str]) -> None
     import time
     import urllib.request
 
+    try:  # a server left over from another run would answer for this one
+        with urllib.request.urlopen(health, timeout=2):
+            raise AssertionError(
+                f"$ {line}\n{health} already answers before the server starts: another process "
+                "holds its port (a server left over from an earlier run?); stop it and rerun"
+            )
+    except OSError:
+        pass
     # its own process group, so stopping it stops the server bash started (the line may begin with VAR=value)
     proc = subprocess.Popen(
         ["bash", "-c", line],
