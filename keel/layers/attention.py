@@ -71,22 +71,7 @@ def paged_attention(
     step is one `flash_attn_varlen_func` call over the whole batch, cached prefixes included."""
     ops.reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
     window_size = _window_size(window)
-    if md.context_slots is not None:  # small test blocks: the same kernel over packed (gathered) K/V rows
-        kvh, d = k_cache.shape[2:]
-        ks, vs = (c.view(-1, kvh, d).index_select(0, md.context_slots) for c in (k_cache, v_cache))
-        return flash_attn_varlen_func(
-            q,
-            ks,
-            vs,
-            md.cu_seqlens_q,
-            md.cu_seqlens_k,
-            md.max_seqlen_q,
-            md.max_seqlen_k,
-            softmax_scale=scale,
-            causal=True,
-            window_size=window_size,
-        )
-    if md.is_decode:
+    if md.is_decode and md.context_slots is None:  # (small test blocks take the gathered varlen path below)
         b, h, d = q.shape
         out = flash_attn_with_kvcache(
             q.view(b, 1, h, d),
@@ -99,10 +84,16 @@ def paged_attention(
             window_size=window_size,
         )  # [B, 1, H, D]
         return out.view(b, h, d)
+    if md.context_slots is not None:  # small test blocks: the same kernel over packed (gathered) K/V rows
+        kvh, d = k_cache.shape[2:]
+        k_src, v_src = (c.view(-1, kvh, d).index_select(0, md.context_slots) for c in (k_cache, v_cache))
+        block_table = seqused_k = None
+    else:
+        k_src, v_src, block_table, seqused_k = k_cache, v_cache, md.block_tables, md.seqused_k
     return flash_attn_varlen_func(
         q,
-        k_cache,
-        v_cache,
+        k_src,
+        v_src,
         md.cu_seqlens_q,
         md.cu_seqlens_k,
         md.max_seqlen_q,
@@ -110,8 +101,8 @@ def paged_attention(
         softmax_scale=scale,
         causal=True,
         window_size=window_size,
-        block_table=md.block_tables,
-        seqused_k=md.seqused_k,
+        block_table=block_table,
+        seqused_k=seqused_k,
     )
 
 

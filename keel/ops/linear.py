@@ -11,6 +11,17 @@ _linear = torch.ops.keel.linear.default
 _OP = "keel::linear"
 
 
+def _check_bias(op: str, bias: torch.Tensor | None, x: torch.Tensor, n: int, weight_name: str) -> None:
+    """The fakes' bias checks, as the kernels make them: [n], x's device and dtype."""
+    if bias is not None:
+        chk.same_device(op, "bias", bias, "x", x)
+        chk.same_dtype(op, "bias", bias, "x", x)
+        chk.check(
+            bias.dim() == 1 and bias.shape[0] == n,
+            f"{op}: bias must be [{n}] to match {weight_name}'s rows, got {chk.shape(bias)}",
+        )
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias for x [..., K], weight [N, K] (unit K stride), bias [N]; new contiguous [..., N]."""
     return _linear(x, weight, bias)
@@ -32,13 +43,7 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
         weight.stride(1) == 1 or k <= 1,
         f"{_OP}: weight must have unit stride along its last dim (K), got stride {weight.stride(1)}",
     )
-    if bias is not None:
-        chk.same_device(_OP, "bias", bias, "x", x)
-        chk.same_dtype(_OP, "bias", bias, "x", x)
-        chk.check(
-            bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            f"{_OP}: bias must be [{weight.shape[0]}] to match weight's rows, got {chk.shape(bias)}",
-        )
+    _check_bias(_OP, bias, x, weight.shape[0], "weight")
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -86,11 +91,5 @@ def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.T
         f"{_FP8_OP}: scale must be [{n}, {kb}] (per row) or [{nb}, {kb}] (per 128 rows) for qweight "
         f"{chk.shape(qweight)}, got {chk.shape(scale)}",
     )
-    if bias is not None:
-        chk.same_device(_FP8_OP, "bias", bias, "x", x)
-        chk.same_dtype(_FP8_OP, "bias", bias, "x", x)
-        chk.check(
-            bias.dim() == 1 and bias.shape[0] == n,
-            f"{_FP8_OP}: bias must be [{n}] to match qweight's rows, got {chk.shape(bias)}",
-        )
+    _check_bias(_FP8_OP, bias, x, n, "qweight")
     return x.new_empty((*x.shape[:-1], n))

