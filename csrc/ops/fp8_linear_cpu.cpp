@@ -320,9 +320,95 @@ KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int
   }
 }
 
+// Decode (one row of x): kRows weight rows per pass. Each x piece is loaded once for all of them, the kRows
+// dot-product chains are independent, and the test for bytes the bf16 decode cannot take runs over whole
+// rows on the side (per 64 bytes: u = ((b + 1) & 0x7F), kept as a running minimum; u <= 8 marks a zero,
+// subnormal or NaN byte, the per-block test of block_bf16). A row that holds such a byte is computed again
+// by cols_bf16_impl<1>, so every row's result is exactly that function's: the same per-block sums in the
+// same order, the same 16-lane tree (three hadds give hsum8's (v0+v4)+(v1+v5) + (v2+v6)+(v3+v7) for four
+// rows at once). The tail block is read unmasked (x is zero past k, and bytes past k are finite once
+// decoded, so they add zeros; a NaN or subnormal byte there only sends the row to the exact pass), which
+// needs kp bytes readable from every row of the group: the caller checks it.
+constexpr int kDecodeRows = 4;
+
+// (v0+v8 .. v7+v15), then its two 4-lane halves added: b[i] = (v[i] + v[i+8]) + (v[i+4] + v[i+12])
+KEEL_AVX512BF16 KEEL_KINLINE __m128 fold16(__m512 v) {
+  const f32x16 u = (f32x16)v;
+  const f32x8 h = __builtin_shufflevector(u, u, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(u, u, 8, 9, 10, 11, 12, 13, 14, 15);
+  return (__m128)(__builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7));
+}
+
+// hsum16 of four vectors at once, lane j = hsum16 of the j-th: (b0 + b1) + (b2 + b3) of each fold16
+KEEL_AVX512BF16 KEEL_KINLINE __m128 hsum16x4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  return _mm_hadd_ps(_mm_hadd_ps(fold16(a), fold16(b)), _mm_hadd_ps(fold16(c), fold16(d)));
+}
+
+KEEL_AVX512BF16 void rows_bf16_m1(const Fp8LinearParams& p, int64_t r0) {
+  constexpr int R = kDecodeRows;
+  const int64_t nb = p.kp / kFp8BlockK;
+  const __m512i one = _mm512_set1_epi8(1);
+  const __m512i low7 = _mm512_set1_epi8(0x7F);
+  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0));
+  const uint8_t* w0 = p.w + r0 * p.w_row;
+  const float* s0 = p.scale + (r0 / p.scale_rows) * p.scale_s0;
+  const int64_t srow[R] = {0, ((r0 + 1) / p.scale_rows - r0 / p.scale_rows) * p.scale_s0,
+                           ((r0 + 2) / p.scale_rows - r0 / p.scale_rows) * p.scale_s0,
+                           ((r0 + 3) / p.scale_rows - r0 / p.scale_rows) * p.scale_s0};
+  __m512 total[R];
+  __m512i low[R];
+#pragma GCC unroll 4
+  for (int j = 0; j < R; ++j) {
+    total[j] = _mm512_setzero_ps();
+    low[j] = _mm512_set1_epi8(-1);
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint16_t* xp = p.x16 + b * kFp8BlockK;
+    __m512bh xv[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) xv[i] = (__m512bh)_mm512_loadu_si512(xp + 32 * i);
+#pragma GCC unroll 4
+    for (int j = 0; j < R; ++j) {
+      const uint8_t* src = w0 + j * p.w_row + b * kFp8BlockK;
+      _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes + 64), _MM_HINT_T0);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i raw = _mm512_loadu_si512(src + 64 * h);
+        low[j] = _mm512_min_epu8(low[j], _mm512_and_si512(_mm512_add_epi8(raw, one), low7));
+      }
+      __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * i));
+        const __m512bh wv = (__m512bh)_mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 4), keep);
+        acc = _mm512_dpbf16_ps(acc, xv[i], wv);
+      }
+      total[j] = _mm512_fmadd_ps(acc, _mm512_set1_ps(s0[srow[j] + b * p.scale_s1]), total[j]);
+    }
+  }
+  alignas(16) float sums[R];
+  _mm_store_ps(sums, _mm_mul_ps(hsum16x4(total[0], total[1], total[2], total[3]), _mm_set1_ps(p.x16_unscale[0])));
+  const __m512i eight = _mm512_set1_epi8(8);
+#pragma GCC unroll 4
+  for (int j = 0; j < R; ++j) {
+    if (_mm512_cmple_epu8_mask(low[j], eight) != 0) {  // a zero, subnormal or NaN byte: the exact pass
+      cols_bf16_impl<1>(p, r0 + j, r0 + j + 1);
+    } else {
+      store_any(p, 0, r0 + j, sums[j], false);
+    }
+  }
+}
+
 KEEL_AVX512BF16 void cols_bf16(const Fp8LinearParams& p, int64_t begin, int64_t end) {
-  if (p.m == 1) return cols_bf16_impl<1>(p, begin, end);
-  cols_bf16_impl<0>(p, begin, end);
+  if (p.m != 1) return cols_bf16_impl<0>(p, begin, end);
+  // groups of rows whose unmasked tail reads stay inside the weight: row r reads [r * w_row, r * w_row + kp)
+  const int64_t last_byte = (p.n - 1) * p.w_row + p.k;
+  int64_t r = begin;
+  for (; r + kDecodeRows <= end && (r + kDecodeRows - 1) * p.w_row + p.kp <= last_byte; r += kDecodeRows) {
+    rows_bf16_m1(p, r);
+  }
+  if (r < end) cols_bf16_impl<1>(p, r, end);
 }
 #endif  // __AVX2__
 

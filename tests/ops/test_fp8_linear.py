@@ -96,22 +96,24 @@ def test_matches_reference(dtype, m, k, n, block):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_subnormal_and_zero_bytes_are_exact(dtype):
+@pytest.mark.parametrize("m", [1, 3])  # 1: the decode kernel's whole-row test and exact second pass
+def test_subnormal_and_zero_bytes_are_exact(dtype, m):
     q, s = special_weight(40, 576, 2)
-    x = torch.randn(3, 576).to(dtype)
+    x = torch.randn(m, 576).to(dtype)
     close(ops.fp8_linear(x, q, s, None), x, q, s, None)
     # the all-subnormal rows would be zeros if vdpbf16ps read them (bf16 subnormals are zero to it)
     assert bool((ops.fp8_linear(x, q, s, None)[:, :20] != 0).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
-def test_nan_byte_makes_its_row_nan(dtype):
+@pytest.mark.parametrize("m", [1, 2])
+def test_nan_byte_makes_its_row_nan(dtype, m):
     q, s = quantize(torch.randn(16, 300))
     b = q.view(torch.uint8).clone()
     b[3, 170] = 0x7F  # e4m3fn NaN (S.1111.111), in the partial last block
     b[9, 5] = 0xFF
     q = b.view(torch.float8_e4m3fn)
-    out = ops.fp8_linear(torch.randn(2, 300).to(dtype), q, s, None)
+    out = ops.fp8_linear(torch.randn(m, 300).to(dtype), q, s, None)
     assert torch.equal(out.isnan().any(0), torch.tensor([i in (3, 9) for i in range(16)]))
     assert bool(out[:, [3, 9]].isnan().all())
 
@@ -127,6 +129,25 @@ def test_tiny_huge_and_nonfinite_rows():
     out = ops.fp8_linear(xb, q, s, None).float()
     want = reference(xb, q, s, None)
     assert torch.equal(out[3].isnan(), want[3].isnan()) and torch.equal(out[3].isinf(), want[3].isinf())
+
+
+@pytest.mark.parametrize("k", [576, 300, 64])
+def test_outputs_do_not_depend_on_how_rows_are_split(k):
+    # decode takes weight rows in groups (4 at a time, the rest alone, the last rows with a masked tail) and
+    # threads split the rows anywhere: each output must be the same bits whichever rows share its pass
+    g = torch.Generator().manual_seed(k)
+    q, s = quantize(torch.randn(203, k, generator=g))
+    x = torch.randn(1, k, generator=g).bfloat16()
+    full = ops.fp8_linear(x, q, s, None)
+    for lo, hi in [(1, 203), (2, 200), (3, 7), (198, 203), (101, 102)]:
+        assert torch.equal(ops.fp8_linear(x, q[lo:hi], s[lo:hi], None), full[:, lo:hi]), (lo, hi)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.fp8_linear(x, q, s, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, full)
 
 
 def test_rows_do_not_depend_on_the_batch():
