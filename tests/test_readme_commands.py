@@ -66,6 +66,7 @@ TINY = {
         {},
     ),
     r"scripts/bench_llamacpp\.py": (["--threads", "1", "--new-tokens", "8", "--repeats", "1", "--rounds", "1"], {}),
+    r"scripts/bench_projections\.py": (["--threads", "1", "--layers", "2", "--rounds", "1", "--tokens", "1"], {}),
     r"scripts/fuzz_loaders\.py": (["--only", "config.json:vocab_size="], {}),  # the full run: 870 loads, ~30 min
     r"scripts/soak_serve\.py": (
         ["--duration", "12", "--warmup", "4", "--burst-every", "4", "--kv-cache-gib", "0.011"],
