@@ -121,5 +121,35 @@ KEEL_AMX KEEL_KINLINE void store_bf16x32(uint16_t* dst, __m512 lo, __m512 hi, __
   _mm512_mask_storeu_epi16(dst, count_mask, r);
 }
 
+// The 4 accumulator tiles of one block of 32 weight rows x 32 x rows, as fp32 acc[n-half * 2 + m-half][16 n][16 m]
+// (out^T): adds the bias (bias32: the block's 32 values, used when has_bias) and stores the valid part to out
+// ([m, n] bf16), 32 features (one 64-byte row piece) per x row.
+KEEL_AMX inline void store_block(uint16_t* out, int64_t m, int64_t n, const float (*acc)[16][16], const float* bias32,
+                                 bool has_bias, int64_t n0, int64_t m0) {
+  const int64_t nv = n - n0 < 32 ? n - n0 : 32;
+  const __mmask32 nmask = nv >= 32 ? ~__mmask32{0} : (__mmask32{1} << nv) - 1;
+  const __m512 bv0 = _mm512_loadu_ps(bias32), bv1 = _mm512_loadu_ps(bias32 + 16);
+  for (int b = 0; b < 2; ++b) {  // x-row half
+    const int64_t mm = m0 + 16 * b;
+    if (mm >= m) break;
+    __m512i r[16], c0[16], c1[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(acc[b][i]);
+    transpose16(r, c0);  // c0[j]: x row mm + j, weight rows n0 .. n0 + 15
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(acc[2 + b][i]);
+    transpose16(r, c1);  // weight rows n0 + 16 .. n0 + 31
+    const int64_t mv = m - mm < 16 ? m - mm : 16;
+    for (int64_t j = 0; j < mv; ++j) {
+      __m512 lo = _mm512_castsi512_ps(c0[j]), hi = _mm512_castsi512_ps(c1[j]);
+      if (has_bias) {
+        lo = _mm512_add_ps(lo, bv0);
+        hi = _mm512_add_ps(hi, bv1);
+      }
+      store_bf16x32(out + (mm + j) * n + n0, lo, hi, nmask);
+    }
+  }
+}
+
 }  // namespace keel::KEEL_CPU_NS::amx
 #endif  // __AVX2__

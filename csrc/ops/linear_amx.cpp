@@ -26,39 +26,6 @@
 
 namespace keel::KEEL_CPU_NS {
 #if defined(__AVX2__)
-namespace {
-
-// The 4 accumulator tiles of one 32 x 32 block, as fp32 [n-half * 2 + m-half][16 n][16 m] in cbuf: adds
-// the bias and stores the valid part of out^T to out, 32 features (one 64-byte row piece) per x row.
-KEEL_AMX void store_block(const LinearParams& p, const float (*cbuf)[16][16], const float* bias32, int64_t n0,
-                          int64_t m0) {
-  uint16_t* out = static_cast<uint16_t*>(p.out);
-  const int64_t nv = p.n - n0 < kAmxBlockN ? p.n - n0 : kAmxBlockN;
-  const __mmask32 nmask = nv >= 32 ? ~__mmask32{0} : (__mmask32{1} << nv) - 1;
-  const __m512 bv0 = _mm512_load_ps(bias32), bv1 = _mm512_load_ps(bias32 + 16);
-  for (int b = 0; b < 2; ++b) {  // x-row half
-    const int64_t mm = m0 + 16 * b;
-    if (mm >= p.m) break;
-    __m512i r[16], c0[16], c1[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(cbuf[b][i]);
-    amx::transpose16(r, c0);  // c0[j]: x row mm + j, weight rows n0 .. n0 + 15
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(cbuf[2 + b][i]);
-    amx::transpose16(r, c1);  // weight rows n0 + 16 .. n0 + 31
-    const int64_t mv = p.m - mm < 16 ? p.m - mm : 16;
-    for (int64_t j = 0; j < mv; ++j) {
-      __m512 lo = _mm512_castsi512_ps(c0[j]), hi = _mm512_castsi512_ps(c1[j]);
-      if (p.bias) {
-        lo = _mm512_add_ps(lo, bv0);
-        hi = _mm512_add_ps(hi, bv1);
-      }
-      amx::store_bf16x32(out + (mm + j) * p.n + n0, lo, hi, nmask);
-    }
-  }
-}
-
-}  // namespace
 
 KEEL_AMX void linear_amx_pack(const LinearAmxParams& a, int64_t begin, int64_t end) {
   const LinearParams& p = *a.p;
@@ -116,7 +83,7 @@ KEEL_AMX void linear_amx_cols(const LinearAmxParams& a, int64_t begin, int64_t e
       _tile_stored(1, cbuf[1], 64);
       _tile_stored(2, cbuf[2], 64);
       _tile_stored(3, cbuf[3], 64);
-      store_block(p, cbuf, bias32, n0, m0);
+      amx::store_block(static_cast<uint16_t*>(p.out), p.m, p.n, cbuf, bias32, p.bias != nullptr, n0, m0);
     }
   }
   amx::release();

@@ -73,9 +73,10 @@ def test_matches_reference(m, k, n, with_bias):
     _check(ops.linear(x, w, bias), x, w, bias)
 
 
-def test_strided_inputs():
-    # weight rows padded (row stride > K: the A tiles load with it), x 3-D and strided, bias strided
-    k, n = 70, 45
+@pytest.mark.parametrize("k, n", [(70, 45), (64, 96)], ids=["padded-panel", "in-place-panel"])
+def test_strided_inputs(k, n):
+    # weight rows padded (row stride > K: whole 32-row, 32k-wide panels load their A tiles with it, partial
+    # ones are copied), x 3-D and strided, bias strided
     w = _rand((n, k + 9), 4)[:, :k]
     bias = _rand((2 * n,), 5)[::2]
     x = _rand((8, 3, 2 * k), 6)[..., ::2].transpose(0, 1)
