@@ -1,5 +1,5 @@
 // keel/csrc/ops/amx_common.h
-// Helpers of the AMX prompt kernels (linear_amx.cpp, fp8_linear_amx.cpp): the tile configuration, a 16 x 16
+// Helpers of the AMX prompt kernels (linear_amx_cpu.cpp, fp8_linear_amx_cpu.cpp): the tile configuration, a 16 x 16
 // transpose of 32-bit elements, the x packing into the B-tile layout, and the bf16 store. Only the AVX2
 // build includes the AMX code; the functions run only when keel::cpu_has_amx() said yes.
 #pragma once

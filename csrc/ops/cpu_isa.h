@@ -1,5 +1,5 @@
 // keel/csrc/ops/cpu_isa.h
-// CPU kernels (csrc/ops/*_cpu.cpp, *_amx.cpp) are compiled twice: baseline x86-64 and AVX2+FMA+F16C.
+// CPU kernels (csrc/ops/*_cpu.cpp) are compiled twice: baseline x86-64 and AVX2+FMA+F16C.
 // Each kernel file defines its row functions inside KEEL_CPU_NS; the op wrapper asks
 // keel::cpu_has_avx2() once and calls the matching namespace.
 #pragma once

@@ -54,7 +54,7 @@ DType check_fp8_linear_args(const char* op, const Tensor& x, const Tensor& qweig
   return dt;
 }
 
-// Prompt rows of bf16 x on AMX (fp8_linear_amx.cpp): x packed once into the B-tile layout, then 32-wide
+// Prompt rows of bf16 x on AMX (fp8_linear_amx_cpu.cpp): x packed once into the B-tile layout, then 32-wide
 // blocks of output features on the pool, each decoding its weight panel once for all rows.
 void fp8_linear_amx_call(const char* op, const Tensor& x, const Tensor& qweight, const Tensor& scale,
                          const std::optional<Tensor>& bias, Tensor& out, int64_t m, int64_t n, int64_t k) {

@@ -1,5 +1,5 @@
 // keel/csrc/ops/fp8_linear_amx.h
-// AMX prompt GEMM of keel::fp8_linear for bf16 x (fp8_linear_amx.cpp; AVX2 build only, run when
+// AMX prompt GEMM of keel::fp8_linear for bf16 x (fp8_linear_amx_cpu.cpp; AVX2 build only, run when
 // keel::cpu_has_amx()): y[m, n] = sum_b scale[n, b] * (sum_{k in block b} x[m, k] * w[n, k]) + bias[n].
 #pragma once
 

@@ -2,7 +2,7 @@
 // keel::linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor   (x: [..., K], weight: [N, K] -> [..., N])
 // CPU, any number of rows: keel's kernel in linear_cpu.cpp (a GEMV for decode; prefill runs it over
 // blocks of kLinearRowBlock rows, each streaming the weight once), and for bf16 calls of at least
-// kLinearAmxMinRows rows on a CPU with AMX the tile GEMM of linear_amx.cpp, so CPU results depend on keel's
+// kLinearAmxMinRows rows on a CPU with AMX the tile GEMM of linear_amx_cpu.cpp, so CPU results depend on keel's
 // code alone, never on the oneDNN version of the torch it runs on. The CUDA library calls
 // aten::linear through the dispatcher (cuBLAS), so there is no linear .cu file.
 #include "ops/linear.h"
@@ -100,7 +100,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, std::optional<Tensor> bias)
     p.n = n;
     p.k = k;
     if (p.x16 != nullptr && m >= kLinearAmxMinRows && cpu_has_amx()) {
-      // prompt rows on AMX (linear_amx.cpp): x packed once into the B-tile layout, then 32-wide blocks of
+      // prompt rows on AMX (linear_amx_cpu.cpp): x packed once into the B-tile layout, then 32-wide blocks of
       // output features on the pool, each over all rows
       LinearAmxParams a{};
       a.p = &p;

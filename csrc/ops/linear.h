@@ -29,7 +29,7 @@ struct LinearParams {
 // Output features [begin, end) for all m rows; each weight row is streamed from memory once.
 KEEL_DECLARE_CPU_KERNEL(linear_cols, LinearParams)
 
-// ---- AMX prompt GEMM (linear_amx.cpp; AVX2 build only, run when cpu_has_amx()) -----------------------------
+// ---- AMX prompt GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -----------------------------
 // bf16 calls of at least kLinearAmxMinRows rows (the whole call: every row of it takes this path; measured
 // crossover against the AVX512-BF16 GEMV on a Sapphire Rapids-class Xeon: 3 to 5 rows).
 constexpr int64_t kLinearAmxMinRows = 5;

@@ -1,4 +1,4 @@
-"""keel::linear's AMX prompt GEMM (csrc/ops/linear_amx.cpp) and the KEEL_CPU_ISA levels avx512 and amx.
+"""keel::linear's AMX prompt GEMM (csrc/ops/linear_amx_cpu.cpp) and the KEEL_CPU_ISA levels avx512 and amx.
 
 On a CPU with AMX, bf16 calls of at least 5 rows take the tile kernel (x packed into the B-tile layout, the
 weight read in place as the A operand); fewer rows stay on the AVX512-BF16 GEMV. Checked against the fp64

@@ -1,4 +1,4 @@
-"""keel::fp8_linear's AMX prompt GEMM (csrc/ops/fp8_linear_amx.cpp): bf16 x, at least 5 rows, on a CPU with AMX.
+"""keel::fp8_linear's AMX prompt GEMM (csrc/ops/fp8_linear_amx_cpu.cpp): bf16 x, at least 5 rows, on a CPU with AMX.
 
 Each 32-row weight panel is decoded once per call to bf16 (exactly: subnormal bytes from a table, NaN bytes to
 NaN) and multiplied on AMX tiles per 128-wide K block, whose fp32 sum is scaled by the block's scale and added

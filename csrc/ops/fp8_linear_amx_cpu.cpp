@@ -1,4 +1,4 @@
-// keel/csrc/ops/fp8_linear_amx.cpp
+// keel/csrc/ops/fp8_linear_amx_cpu.cpp
 // AMX prompt GEMM of keel::fp8_linear for bf16 x (compiled once per ISA, no torch header; the code exists
 // only in the AVX2 build and runs only when keel::cpu_has_amx()).
 //

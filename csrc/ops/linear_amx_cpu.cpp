@@ -1,4 +1,4 @@
-// keel/csrc/ops/linear_amx.cpp
+// keel/csrc/ops/linear_amx_cpu.cpp
 // AMX prompt GEMM of keel::linear for bf16 (compiled once per ISA, no torch header; the code exists only in
 // the AVX2 build and runs only when keel::cpu_has_amx()).
 //
