@@ -25,8 +25,11 @@ from keel._oplist import KEEL_OPS
 # Oldest torch whose stable ABI the libraries use; builds target it (TORCH_TARGET_VERSION).
 TORCH_FLOOR = (2, 10)
 
-# Accepted values of KEEL_CPU_ISA (csrc/ops/cpu_isa.cpp reads it; unset means auto).
-CPU_ISA_NAMES = ("auto", "base", "avx2")
+# Accepted values of KEEL_CPU_ISA (csrc/ops/cpu_isa.cpp reads it; unset means auto): each caps the CPU
+# kernels at a level (avx512: AVX-512 incl. BF16, no AMX); amx also requires AMX (an error at the first
+# bf16 prompt GEMM when the CPU or kernel lacks it). The vendored libraries read it too: avx512 and amx
+# mean their best (AVX-512) build.
+CPU_ISA_NAMES = ("auto", "base", "avx2", "avx512", "amx")
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _loaded: dict[str, Path] = {}

@@ -3,6 +3,10 @@
     python scripts/bench_gemm.py                 # SmolLM2-135M's layers and an 8B model's, M = 1, 8, 32
     python scripts/bench_gemm.py --shapes 8b --m 1
     python scripts/bench_gemm.py --device cuda   # the GPU half: scripts/bench_cuda.py
+    python scripts/bench_gemm.py --prompt --shapes smollm2 --m 8 64 512 --threads 1
+        # prompt GEMMs: keel.ops.linear (bf16) and keel.ops.fp8_linear (bf16 x, e4m3 weight, 1x128 scales) at
+        # each KEEL_CPU_ISA level (--isa, default amx avx512: one child process per level and round, the levels
+        # alternated) vs torch's bf16 matmul (oneDNN) in the same child
 
 All peers run in the same process, alternating round by round; each cell is the median over rounds of the
 mean time of a few back-to-back calls. `fp8` is fp8_gemm_nt alone (weights and activations cast beforehand)
@@ -74,6 +78,73 @@ def bench_shape(n: int, k: int, m: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+def _prompt_peers(
+    x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, s: torch.Tensor
+) -> dict[str, Callable[[], object]]:
+    return {
+        "keel bf16": lambda: keel.ops.linear(x, w),
+        "keel fp8": lambda: keel.ops.fp8_linear(x, q, s, None),
+        "torch bf16": lambda: x @ w.T,
+    }
+
+
+def prompt_child(shapes: list[str], ms: list[int], calls_budget: float) -> None:
+    """One round in this process (its KEEL_CPU_ISA): best mean seconds per call of each peer, as JSON."""
+    import json
+
+    torch.manual_seed(0)
+    out = {}
+    for model in shapes:
+        for n, k in SHAPES[model]:
+            w = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
+            q, s = dg.per_token_cast_to_fp8(w.float())
+            for m in ms:
+                x = torch.randn(m, k, dtype=torch.bfloat16)
+                peers = _prompt_peers(x, w, q, s)
+                calls = max(3, min(200, int(calls_budget // (n * k * max(m, 8)))))
+                for name, fn in peers.items():
+                    _time(fn, 2)
+                    out[f"{model}|{n}|{k}|{m}|{name}"] = min(_time(fn, calls) for _ in range(3))
+    print(json.dumps(out))
+
+
+def prompt_main(args: argparse.Namespace) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    samples: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for isa in args.isa:
+            cmd = [sys.executable, __file__, "--_prompt-child", "--shapes", *args.shapes, "--m", *map(str, args.m)]
+            if args.threads:
+                cmd += ["--threads", str(args.threads)]
+            env = {**os.environ, "KEEL_CPU_ISA": isa}
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"KEEL_CPU_ISA={isa} child failed:\n{done.stderr[-3000:]}")
+            for key, t in json.loads(done.stdout.strip().splitlines()[-1]).items():
+                samples.setdefault((isa, key), []).append(t)
+    best = {k: statistics.median(v) for k, v in samples.items()}
+    print(f"torch {torch.__version__}, threads {args.threads or 'default'}, rounds {args.rounds}, levels {args.isa}")
+    cols = [f"{isa} {peer}" for isa in args.isa for peer in ("keel bf16", "keel fp8")]
+    print("| model | N x K | M | " + " | ".join(f"{c} us" for c in cols) + " | torch bf16 us | " +
+          " | ".join(f"torch/{isa} bf16 | torch/{isa} fp8" for isa in args.isa) + " |")  # fmt: skip
+    print("|---" * (3 + len(cols) + 1 + 2 * len(args.isa)) + "|")
+    for model in args.shapes:
+        for n, k in SHAPES[model]:
+            for m in args.m:
+                key = f"{model}|{n}|{k}|{m}|"
+                t = {c: best[(c.split(" ", 1)[0], key + c.split(" ", 1)[1])] for c in cols}
+                torch_t = statistics.median(best[(isa, key + "torch bf16")] for isa in args.isa)
+                ratios = [
+                    f"{torch_t / t[f'{isa} keel bf16']:.2f} | {torch_t / t[f'{isa} keel fp8']:.2f}" for isa in args.isa
+                ]
+                print(f"| {model} | {n} x {k} | {m} | " + " | ".join(f"{t[c] * 1e6:.0f}" for c in cols) +
+                      f" | {torch_t * 1e6:.0f} | " + " | ".join(ratios) + " |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=["smollm2", "8b"], choices=sorted(SHAPES))
@@ -81,8 +152,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: TFLOP/s vs torch._scaled_mm")
+    p.add_argument("--prompt", action="store_true", help="prompt GEMMs per KEEL_CPU_ISA level (see the docstring)")
+    p.add_argument("--isa", nargs="+", default=["amx", "avx512"], help="--prompt: KEEL_CPU_ISA levels to compare")
+    p.add_argument("--_prompt-child", action="store_true", help=argparse.SUPPRESS)
     bench_cuda.add_arguments(p)
     args = p.parse_args()
+    if args._prompt_child:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        prompt_child(args.shapes, args.m, 3e8)
+        return
+    if args.prompt:
+        prompt_main(args)
+        return
     if args.device == "cuda":
         bench_cuda.gemm_main(args)
         return

@@ -105,8 +105,11 @@ def test_load_pair_is_generic(tmp_path, monkeypatch):
 
 
 def test_unknown_cpu_isa_refused(monkeypatch):
-    monkeypatch.setenv("KEEL_CPU_ISA", "avx512")
-    with pytest.raises(_native.NativeLibraryError, match=r"KEEL_CPU_ISA='avx512' .* expected one of auto, base, avx2"):
+    monkeypatch.setenv("KEEL_CPU_ISA", "avx9000")
+    with pytest.raises(
+        _native.NativeLibraryError, match=r"KEEL_CPU_ISA='avx9000' .* expected one of auto, base, avx2, avx512, amx"
+    ):
         _native.check_cpu_isa_env()
-    monkeypatch.setenv("KEEL_CPU_ISA", "base")
-    _native.check_cpu_isa_env()
+    for name in ("auto", "base", "avx2", "avx512", "amx"):
+        monkeypatch.setenv("KEEL_CPU_ISA", name)
+        _native.check_cpu_isa_env()

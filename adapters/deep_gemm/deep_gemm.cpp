@@ -26,7 +26,8 @@ void keel_parallel_for(int64_t n, int64_t grain, void* ctx, void (*body)(void*, 
   keel::parallel_for(n, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
 }
 
-// KEEL_CPU_ISA=base|avx2 caps the fork's CPU build as it caps keel's own kernels
+// KEEL_CPU_ISA=base|avx2 caps the fork's CPU build as it caps keel's own kernels; avx512, amx (the fork has
+// no AMX kernels), auto or unset: its best build
 dg::CpuIsa isa_cap_from_env() {
   const char* forced = std::getenv("KEEL_CPU_ISA");
   if (forced && std::strcmp(forced, "base") == 0) return dg::CpuIsa::kBase;

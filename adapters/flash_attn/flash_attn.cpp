@@ -29,7 +29,8 @@ void pool_for(int64_t n, int64_t grain, void* ctx, flash::ParallelBody body) {
   keel::parallel_for(n, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
 }
 
-// Once per process: the hook, and the CPU build cap from KEEL_CPU_ISA (base | avx2), as keel's ops.
+// Once per process: the hook, and the CPU build cap from KEEL_CPU_ISA (base | avx2), as keel's ops; avx512 and
+// amx (the fork has no AMX kernels) leave its best build, as auto does.
 void install() {
   static const bool done = [] {
     flash::set_parallel_for(&pool_for, static_cast<int>(torch::stable::get_num_threads()));

@@ -19,6 +19,12 @@ bool cpu_has_avx512bf16();
 // True when the AVX2 build may also use AVX512F/BW/VL/DQ instructions (keel::fp8_linear's e4m3 GEMV).
 bool cpu_has_avx512();
 
+// True when the AVX2 build may also run AMX tiles (amx_tile + amx_bf16, on top of AVX-512 BF16) and Linux
+// granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process): the
+// bf16 prompt GEMMs of keel::linear and keel::fp8_linear. KEEL_CPU_ISA=avx512 (or lower) turns it off;
+// KEEL_CPU_ISA=amx makes a missing AMX an error (std::runtime_error naming the reason) instead of false.
+bool cpu_has_amx();
+
 // Declares `fn(params, begin, end)` in both ISA namespaces plus a dispatcher keel::cpu::fn.
 #define KEEL_DECLARE_CPU_KERNEL(fn, Params)                     \
   namespace cpu_base {                                          \

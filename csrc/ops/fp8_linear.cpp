@@ -5,6 +5,7 @@
 // Weight-only FP8 on the CPU: x is widened to fp32 once per call, the weight decoded in registers
 // (fp8_linear_cpu.cpp). The CUDA library refuses: CUDA runs FP8 through keel.vendored.deep_gemm.
 #include "ops/fp8_linear.h"
+#include "ops/fp8_linear_amx.h"
 
 #include <cmath>
 #include <cstring>
@@ -53,6 +54,49 @@ DType check_fp8_linear_args(const char* op, const Tensor& x, const Tensor& qweig
   return dt;
 }
 
+// Prompt rows of bf16 x on AMX (fp8_linear_amx_cpu.cpp): x packed once into the B-tile layout, then 32-wide
+// blocks of output features on the pool, each decoding its weight panel once for all rows.
+void fp8_linear_amx_call(const char* op, const Tensor& x, const Tensor& qweight, const Tensor& scale,
+                         const std::optional<Tensor>& bias, Tensor& out, int64_t m, int64_t n, int64_t k) {
+  Fp8AmxParams a{};
+  std::vector<uint16_t> xcopy;
+  if (x.is_contiguous()) {
+    a.x = static_cast<const uint16_t*>(x.data_ptr());
+  } else {
+    xcopy.resize(static_cast<size_t>(m * k));
+    const RowLayout rows = row_layout(op, "x", x, x.dim() - 1);
+    const int64_t col = x.stride(-1);
+    const uint16_t* xs = static_cast<const uint16_t*>(x.data_ptr());
+    for (int64_t r = 0; r < m; ++r) {
+      const uint16_t* xr = xs + row_offset(rows, r);
+      for (int64_t i = 0; i < k; ++i) xcopy[r * k + i] = xr[i * col];
+    }
+    a.x = xcopy.data();
+  }
+  a.x_row = k;
+  a.kp = ceil_div(k, kFp8BlockK) * kFp8BlockK;
+  a.mp = ceil_div(m, kFp8AmxBlockM) * kFp8AmxBlockM;
+  thread_local std::vector<uint16_t> xpack;
+  xpack.resize(static_cast<size_t>(a.mp * a.kp));  // pack writes every element, zeros included
+  a.xpack = xpack.data();
+  a.w = static_cast<const uint8_t*>(qweight.data_ptr());
+  a.w_row = qweight.stride(0);
+  a.scale = static_cast<const float*>(scale.data_ptr());
+  a.scale_rows = scale.size(0) == n ? 1 : 128;
+  a.scale_s0 = scale.stride(0);
+  a.scale_s1 = scale.stride(1);
+  a.bias = bias.has_value() ? static_cast<const bf16_t*>(bias->data_ptr()) : nullptr;
+  a.bias_stride = bias.has_value() ? bias->stride(0) : 0;
+  a.out = static_cast<bf16_t*>(out.data_ptr());
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  parallel_for(a.mp / 16, grain_for(16 * a.kp, 32768),
+               [&](int64_t b, int64_t e) { cpu_avx2::fp8_linear_amx_pack(a, b, e); });
+  parallel_for(ceil_div(n, kFp8AmxBlockN), grain_for(kFp8AmxBlockN * a.kp * a.mp, int64_t{1} << 21),
+               [&](int64_t b, int64_t e) { cpu_avx2::fp8_linear_amx_cols(a, b, e); });
+}
+
 }  // namespace
 
 Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, std::optional<Tensor> bias) {
@@ -73,6 +117,10 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
   out_sizes.back() = n;
   Tensor out = empty_contiguous(out_sizes, dtype_code(x), x);
   if (m == 0 || n == 0) return out;
+  if (dt == DType::kBFloat16 && m >= kFp8AmxMinRows && k > 0 && cpu_has_amx()) {
+    fp8_linear_amx_call(op, x, qweight, scale, bias, out, m, n, k);  // prefill on AMX
+    return out;
+  }
 
   Fp8LinearParams p{};
   p.dtype = dt;

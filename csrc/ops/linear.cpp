@@ -1,7 +1,8 @@
 // keel/csrc/ops/linear.cpp
 // keel::linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor   (x: [..., K], weight: [N, K] -> [..., N])
 // CPU, any number of rows: keel's kernel in linear_cpu.cpp (a GEMV for decode; prefill runs it over
-// blocks of kLinearRowBlock rows, each streaming the weight once), so CPU results depend on keel's
+// blocks of kLinearRowBlock rows, each streaming the weight once), and for bf16 calls of at least
+// kLinearAmxMinRows rows on a CPU with AMX the tile GEMM of linear_amx_cpu.cpp, so CPU results depend on keel's
 // code alone, never on the oneDNN version of the torch it runs on. The CUDA library calls
 // aten::linear through the dispatcher (cuBLAS), so there is no linear .cu file.
 #include "ops/linear.h"
@@ -98,6 +99,23 @@ Tensor linear(const Tensor& x, const Tensor& weight, std::optional<Tensor> bias)
     p.m = m;
     p.n = n;
     p.k = k;
+    if (p.x16 != nullptr && m >= kLinearAmxMinRows && cpu_has_amx()) {
+      // prompt rows on AMX (linear_amx_cpu.cpp): x packed once into the B-tile layout, then 32-wide blocks of
+      // output features on the pool, each over all rows
+      LinearAmxParams a{};
+      a.p = &p;
+      a.kp = (k + kAmxStepK - 1) / kAmxStepK * kAmxStepK;
+      a.mp = (m + kAmxBlockM - 1) / kAmxBlockM * kAmxBlockM;
+      thread_local std::vector<uint16_t> xpack;
+      xpack.resize(static_cast<size_t>(a.mp * a.kp));  // pack writes every element, zeros included
+      a.xpack = xpack.data();
+      parallel_for(a.mp / 16, grain_for(16 * a.kp, 32768),
+                   [&](int64_t b, int64_t e) { cpu_avx2::linear_amx_pack(a, b, e); });
+      const int64_t blocks = (n + kAmxBlockN - 1) / kAmxBlockN;
+      parallel_for(blocks, grain_for(kAmxBlockN * a.kp * a.mp, int64_t{1} << 21),
+                   [&](int64_t b, int64_t e) { cpu_avx2::linear_amx_cols(a, b, e); });
+      return out;
+    }
     // each chunk streams >= 64 KB of weight (small layers run inline, skipping the pool hand-off)
     const int64_t row_bytes = k * (p.dtype == DType::kFloat32 ? 4 : 2);
     // blocks of rows: a block's x rows stay in cache while each weight row streams past them once

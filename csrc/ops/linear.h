@@ -29,4 +29,29 @@ struct LinearParams {
 // Output features [begin, end) for all m rows; each weight row is streamed from memory once.
 KEEL_DECLARE_CPU_KERNEL(linear_cols, LinearParams)
 
+// ---- AMX prompt GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -----------------------------
+// bf16 calls of at least kLinearAmxMinRows rows (the whole call: every row of it takes this path; measured
+// crossover against the AVX512-BF16 GEMV on a Sapphire Rapids-class Xeon: 3 to 5 rows).
+constexpr int64_t kLinearAmxMinRows = 5;
+constexpr int64_t kAmxBlockM = 32;  // x rows per register block (two 16-row B tiles)
+constexpr int64_t kAmxBlockN = 32;  // weight rows per register block (two 16-row A tiles)
+constexpr int64_t kAmxStepK = 32;   // bf16 elements of K per tdpbf16ps
+
+// x in the AMX B-tile layout: for each 16-row group g of x and each pair j of K,
+// xpack[((g * kp / 2) + j) * 32 + 2 * r + t] = x[16 g + r][2 j + t], zero past m and k (kp: k rounded up to
+// kAmxStepK, rows rounded up to kAmxBlockM). A B tile is then 16 consecutive 64-byte rows.
+struct LinearAmxParams {
+  const LinearParams* p;  // p->x16 (bf16 [m, k], contiguous), p->w, p->out, p->bias, m, n, k
+  uint16_t* xpack;        // [mp / 16][kp / 2][16][2]
+  int64_t kp;             // k rounded up to kAmxStepK
+  int64_t mp;             // m rounded up to kAmxBlockM
+};
+
+namespace cpu_avx2 {
+// Packs 16-row groups [begin, end) of x into xpack.
+void linear_amx_pack(const LinearAmxParams& a, int64_t begin, int64_t end);
+// Output features of the kAmxBlockN-wide blocks [begin, end), all rows.
+void linear_amx_cols(const LinearAmxParams& a, int64_t begin, int64_t end);
+}  // namespace cpu_avx2
+
 }  // namespace keel

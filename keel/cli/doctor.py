@@ -274,9 +274,32 @@ def _cpu_isa(report: Report) -> str:
         cwd="/",  # not a source checkout's keel/
     )
     if done.returncode == 0 and done.stdout.strip():
-        return done.stdout.strip()
+        return f"{done.stdout.strip()}; bf16/FP8 prompt GEMMs: {_amx_state()}"
     err = (done.stderr.strip().splitlines() or ["?"])[-1]
     return f"unknown (asking keel failed: {err[-200:]})"
+
+
+# KEEL_CPU_ISA=amx makes keel's prompt GEMM raise (naming the reason) where AMX is not usable
+_AMX_PROBE = "import torch, keel\nx = torch.zeros(16, 32, dtype=torch.bfloat16)\nkeel.ops.linear(x, x, None)\n"
+
+
+def _amx_state() -> str:
+    """Whether keel's AMX prompt kernels run in a process of this environment (asked from the library)."""
+    forced = os.environ.get("KEEL_CPU_ISA") or "auto"
+    if forced not in ("auto", "amx"):
+        return f"no AMX (capped by KEEL_CPU_ISA={forced})"
+    done = subprocess.run(
+        [sys.executable, "-c", _AMX_PROBE],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "KEEL_CPU_ISA": "amx"},
+    )
+    if done.returncode == 0:
+        return "AMX"
+    err = (done.stderr.strip().splitlines() or ["?"])[-1]
+    reason = err.split("AMX is not usable in this process: ")[-1]
+    return f"no AMX ({reason[-200:]})"
 
 
 def _caches() -> dict[str, str]:

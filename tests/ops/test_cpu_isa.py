@@ -1,5 +1,5 @@
-"""CPU kernels exist in two builds (baseline x86-64 and AVX2/FMA/F16C, plus AVX512-BF16 for linear): every
-build must round float32 -> bfloat16/float16 exactly like torch, bit for bit.
+"""CPU kernels exist in two builds (baseline x86-64 and AVX2/FMA/F16C, plus AVX-512 and AMX extras for linear
+and fp8_linear): every level must round float32 -> bfloat16/float16 exactly like torch, bit for bit.
 
 The values stored are products of two 16-bit numbers (exact in float32, 16 or 22 significant bits), so
 each one needs rounding: every mantissa pair gives ties to even, halfway and sticky cases, and chosen
@@ -57,7 +57,7 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["base", "avx2", "auto", None])
+@pytest.mark.parametrize("isa", ["base", "avx2", "avx512", "auto", None])
 def test_rounding_matches_torch_bit_for_bit(isa, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KEEL_CPU_ISA"}
     if isa is not None:
@@ -75,7 +75,7 @@ def test_unknown_isa_is_refused_at_import(tmp_path):
         [sys.executable, "-c", "import keel"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert out.returncode != 0
-    assert "KEEL_CPU_ISA='avx9000'" in out.stderr and "auto, base, avx2" in out.stderr, out.stderr
+    assert "KEEL_CPU_ISA='avx9000'" in out.stderr and "auto, base, avx2, avx512, amx" in out.stderr, out.stderr
 
 
 def test_float32_path_is_exact():
