@@ -220,6 +220,15 @@ def prompt_logprobs(logits: torch.Tensor, prompt_ids: Sequence[int], k: int) -> 
     return out
 
 
+def greedy(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax of float32 logits [B, V]: the first index of the largest value, a NaN counting as
+    the largest (torch.argmax's rule). On the CPU through numpy, whose vectorized argmax follows the same
+    rule and is several times faster than torch's over a vocabulary-wide row; elsewhere torch.argmax."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.detach().numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 @torch.inference_mode()
 def sample(
     logits: torch.Tensor,
@@ -253,7 +262,7 @@ def sample(
         apply_penalties(logits, params, token_ids, num_prompt)
     if bitmask_rows or any(banned or ()) or any(p.logit_bias or p.allowed_token_ids is not None for p in params):
         apply_masks(logits, params, banned, bitmask, bitmask_rows)
-    out = logits.argmax(dim=-1).tolist()  # greedy rows; sampled rows are overwritten below
+    out = greedy(logits)  # greedy rows; sampled rows are overwritten below
     hot = [b for b, p in enumerate(params) if p.temperature != 0.0]
     if hot:
         idx = torch.tensor(hot, device=logits.device)
