@@ -158,3 +158,24 @@ def test_greedy_is_torch_argmax_first_maximum_and_nan_included():
     assert greedy(rows[:0]) == []
     half = rows.to(torch.bfloat16)
     assert greedy(half) == half.argmax(dim=-1).tolist()
+
+
+def test_half_precision_logits_calls_do_not_leak_into_each_other():
+    """sample() converts bf16 / fp16 CPU logits into a per-thread float32 buffer reused by the next call:
+    each call sees its own logits (the previous call's in-place penalties gone), the caller's tensor is
+    not modified, and logprobs come from the call's own raw logits."""
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float16):
+        a = torch.randn(2, 300, generator=gen).to(dtype)
+        b = torch.randn(2, 300, generator=gen).to(dtype)
+        a_before = a.clone()
+        penal = P(repetition_penalty=1e4, logprobs=0)  # pushes the seen token down, in place
+        seen = [[int(a[0].float().argmax())], []]
+        first = sample(a, [penal, P()], [None, None], seen)
+        assert torch.equal(a, a_before)
+        assert first.token_ids[0] != seen[0][0] and first.token_ids[1] == int(a[1].float().argmax())
+        second = sample(b, [P(logprobs=0), P()], [None, None], [[], []])
+        assert second.token_ids == b.float().argmax(dim=-1).tolist()
+        assert second.logprobs[0] is not None
+        expected = torch.log_softmax(b[0].float(), -1)[second.token_ids[0]].item()
+        assert math.isclose(second.logprobs[0].logprob, expected, rel_tol=1e-6)
