@@ -99,12 +99,27 @@ class ModelRunner:
             cu.append(cu[-1] + end - start)
         width = max(len(s.block_table) for s in seqs)
         lens_k = [len(s.token_ids) for s in seqs]
+        # Two host-to-tensor copies per step, not seven: the int64 inputs and the int32 metadata are each
+        # one tensor, and the step's tensors are contiguous views of them (the kernels read 1-D slices).
+        t = len(ids)
+        longs = self._tensor([*ids, *positions, *slots])
+        ints = self._tensor(
+            [
+                *cu,
+                *lens_k,
+                0,
+                *itertools.accumulate(lens_k),
+                *(b for s in seqs for b in (*s.block_table, *[0] * (width - len(s.block_table)))),
+            ],
+            torch.int32,
+        )
+        n = len(seqs)
         ctx = AttnMetadata(
-            slot_mapping=self._tensor(slots),
-            cu_seqlens_q=self._tensor(cu, torch.int32),
-            seqused_k=self._tensor(lens_k, torch.int32),
-            cu_seqlens_k=self._tensor([0, *itertools.accumulate(lens_k)], torch.int32),
-            block_tables=self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32),
+            slot_mapping=longs[2 * t :],
+            cu_seqlens_q=ints[: n + 1],
+            seqused_k=ints[n + 1 : 2 * n + 1],
+            cu_seqlens_k=ints[2 * n + 1 : 3 * n + 2],
+            block_tables=ints[3 * n + 2 :].view(n, width),
             max_seqlen_q=max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True)),
             max_seqlen_k=max(lens_k),
         )
@@ -112,7 +127,7 @@ class ModelRunner:
             ctx.context_slots = self._tensor(
                 [p for s in seqs for p in slot_mapping(s.block_table, bs, 0, len(s.token_ids))]
             )
-        return self._tensor(ids), self._tensor(positions), ctx
+        return longs[:t], longs[t : 2 * t], ctx
 
     @torch.inference_mode()
     def forward(
@@ -124,7 +139,7 @@ class ModelRunner:
         self.fit_kv_cache(batch.num_kv_blocks)  # a no-op unless the scheduler's pool changed size
         input_ids, positions, ctx = self.prepare(batch)
         hidden = self.model(input_ids, positions, ctx)  # [T, H]
-        if not all_logits:
+        if not all_logits and (prompt_rows or hidden.shape[0] != ctx.num_seqs):  # (decode: every row is a last)
             picked = [(ctx.cu_seqlens_q[1:] - 1).long()]
             for r in prompt_rows or ():
                 picked.append(torch.arange(int(ctx.cu_seqlens_q[r]), int(ctx.cu_seqlens_q[r + 1]), device=self.device))

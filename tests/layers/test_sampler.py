@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from keel.layers.sampler import apply_masks, apply_min_p, apply_penalties, sample, unpack_bitmask
+from keel.layers.sampler import apply_masks, apply_min_p, apply_penalties, greedy, sample, unpack_bitmask
 
 
 @dataclass
@@ -138,3 +138,44 @@ def test_bad_inputs_name_the_argument():
         sample(rows(2), [P(), P()], [None, None], [[0], [0]], num_prompt=[1])
     with pytest.raises(ValueError, match="presence / frequency penalties need num_prompt"):
         apply_penalties(rows(1), [P(presence_penalty=1.0)], [[0]], None)
+
+
+def test_greedy_is_torch_argmax_first_maximum_and_nan_included():
+    """The CPU fast path (numpy) picks what torch.argmax picks: the first of tied maxima, a NaN as the
+    maximum (the first NaN), index 0 for a row of -inf; bf16 logits (torch's own argmax) agree too."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(6, 49152, generator=gen)
+    rows[1, [5, 900, 40000]] = 100.0  # ties: the first wins
+    rows[2, [7, 30000]] = float("nan")
+    rows[2, 3] = float("inf")
+    rows[3] = float("-inf")
+    rows[4, 49151] = 1e9  # the last column
+    rows[5, [11, 12]] = float("inf")
+    expected = rows.argmax(dim=-1).tolist()
+    assert expected[1:] == [5, 7, 0, 49151, 11]  # torch's rule, as the test states it
+    assert greedy(rows) == expected
+    assert greedy(rows[::2]) == expected[::2]  # strided rows
+    assert greedy(rows[:0]) == []
+    half = rows.to(torch.bfloat16)
+    assert greedy(half) == half.argmax(dim=-1).tolist()
+
+
+def test_half_precision_logits_calls_do_not_leak_into_each_other():
+    """sample() converts bf16 / fp16 CPU logits into a per-thread float32 buffer reused by the next call:
+    each call sees its own logits (the previous call's in-place penalties gone), the caller's tensor is
+    not modified, and logprobs come from the call's own raw logits."""
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float16):
+        a = torch.randn(2, 300, generator=gen).to(dtype)
+        b = torch.randn(2, 300, generator=gen).to(dtype)
+        a_before = a.clone()
+        penal = P(repetition_penalty=1e4, logprobs=0)  # pushes the seen token down, in place
+        seen = [[int(a[0].float().argmax())], []]
+        first = sample(a, [penal, P()], [None, None], seen)
+        assert torch.equal(a, a_before)
+        assert first.token_ids[0] != seen[0][0] and first.token_ids[1] == int(a[1].float().argmax())
+        second = sample(b, [P(logprobs=0), P()], [None, None], [[], []])
+        assert second.token_ids == b.float().argmax(dim=-1).tolist()
+        assert second.logprobs[0] is not None
+        expected = torch.log_softmax(b[0].float(), -1)[second.token_ids[0]].item()
+        assert math.isclose(second.logprobs[0].logprob, expected, rel_tol=1e-6)

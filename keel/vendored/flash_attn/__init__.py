@@ -21,6 +21,7 @@ from keel.vendored.flash_attn import _ops  # noqa: F401  (loads the library, reg
 __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "cpu_isa", "last_splitkv_stats"]
 
 _ISA_NAMES = {0: "base", 1: "avx2", 2: "avx512"}
+_FWD_KVCACHE = torch.ops.keel_flash_attn.fwd_kvcache.default
 
 
 def _unsupported(func: str, **options: object) -> None:
@@ -31,6 +32,8 @@ def _unsupported(func: str, **options: object) -> None:
 
 
 def _window(func: str, window_size: tuple[int, int]) -> tuple[int, int]:
+    if type(window_size) is tuple and window_size == (-1, -1):
+        return -1, -1
     if len(window_size) != 2:
         raise ValueError(f"keel.vendored.flash_attn.{func}: window_size must be (left, right), got {window_size!r}")
     return int(window_size[0]), int(window_size[1])
@@ -123,22 +126,27 @@ def flash_attn_with_kvcache(
     Appending k/v in the call, rotary, cache_batch_idx and cache_leftpad are not supported (keel
     writes the cache with keel::reshape_and_cache)."""
     func = "flash_attn_with_kvcache"
-    _unsupported(
-        func,
-        k=k is not None,
-        v=v is not None,
-        rotary_cos=rotary_cos is not None,
-        rotary_sin=rotary_sin is not None,
-        cache_batch_idx=cache_batch_idx is not None,
-        cache_leftpad=cache_leftpad is not None,
-        alibi_slopes=alibi_slopes is not None,
-        return_softmax_lse=return_softmax_lse,
-    )
+    if not (
+        k is v is rotary_cos is rotary_sin is cache_batch_idx is cache_leftpad is alibi_slopes is None
+        and not return_softmax_lse
+    ):  # (one test per decode call: this runs once per layer and token)
+        _unsupported(
+            func,
+            k=k is not None,
+            v=v is not None,
+            rotary_cos=rotary_cos is not None,
+            rotary_sin=rotary_sin is not None,
+            cache_batch_idx=cache_batch_idx is not None,
+            cache_leftpad=cache_leftpad is not None,
+            alibi_slopes=alibi_slopes is not None,
+            return_softmax_lse=return_softmax_lse,
+        )
     left, right = _window(func, window_size)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    q = _last_dim_contiguous(q)
-    return torch.ops.keel_flash_attn.fwd_kvcache(
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    return _FWD_KVCACHE(
         q,
         k_cache,
         v_cache,

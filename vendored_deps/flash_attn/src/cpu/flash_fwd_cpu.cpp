@@ -37,21 +37,28 @@ struct Job {
   std::atomic<int64_t>* combined = nullptr;
 };
 
+// Per-thread buffers, kept between calls (a decode call is a few microseconds: allocating and zeroing
+// them each time was a measurable share). Every element a call reads it writes first, except
+// `zeros`, which is only ever zero.
 struct Scratch {
   std::vector<float> q, o, m, l, s, kf, vf;
   std::vector<bf16_t> zeros;  // a zero key row for the tail of a partial tile
   const bf16_t* zero_row = nullptr;
-  explicit Scratch(const Job& job) {
+  void prepare(const Job& job) {
     const int rows = job.block_m * job.p->h_h_k_ratio * job.kv_group;
-    q.resize(size_t(rows) * job.dp);
-    o.resize(size_t(rows) * job.dp);
-    m.resize(rows);
-    l.resize(rows);
-    s.resize(size_t(rows) * kTileN);
-    kf.resize(size_t(kTileN) * job.dp);
-    vf.resize(size_t(kTileN) * job.dp);
-    zeros.assign(size_t(job.dp), bf16_t{0});
+    grow(q, size_t(rows) * job.dp);
+    grow(o, size_t(rows) * job.dp);
+    grow(m, rows);
+    grow(l, rows);
+    grow(s, size_t(rows) * kTileN);
+    grow(kf, size_t(kTileN) * job.dp);
+    grow(vf, size_t(kTileN) * job.dp);
+    grow(zeros, size_t(job.dp));
     zero_row = zeros.data();
+  }
+  template <typename V>
+  static void grow(std::vector<V>& v, size_t n) {
+    if (v.size() < n) v.resize(n);  // value-initialized: zeros
   }
 };
 
@@ -143,40 +150,75 @@ void attend(const Job& job, Scratch& sc, int b, int mb, int hk0, int split) {
           S[r * kTileN + jj] = dot(Q + size_t(r) * dp, sc.kf.data() + size_t(jj) * dp, dp);
 #endif
     }
-    // online softmax update per row
+    // online softmax update: each row's masked, scaled scores and their maximum, exp, then the row sums
+    // (each row adds its 16 terms in order; the rows' addition chains run interleaved), then the rescale
+    float m_new[256], sum[256];  // R <= 256
     for (int r = 0; r < R; ++r) {
       float* s = S + r * kTileN;
       const KeyRange vis = visible_keys(p, seq, map.pos(r));
       float mt = kNegInf;
-      for (int jj = 0; jj < kTileN; ++jj) {
-        const int j = t0 + jj;
-        float x = kNegInf;
-        if (jj < nk && j >= vis.lo && j < vis.hi) {
-          x = p.softcap > 0.f ? p.scale_softmax * std::tanh(s[jj] * p.softcap) : s[jj] * p.scale_softmax;
+#if defined(VENDORED_CPU_ISA_AVX512)
+      if (!(p.softcap > 0.f)) {  // visible keys jj in [a, b): x = s * scale, the rest -inf
+        const int a = std::min(std::max(vis.lo - t0, 0), kTileN), b = std::min(std::min(vis.hi - t0, nk), kTileN);
+        const __mmask16 vm = b > a ? __mmask16(((1u << b) - 1u) & ~((1u << a) - 1u)) : __mmask16(0);
+        const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+        const __m512 x = _mm512_mask_mul_ps(neg_inf, vm, _mm512_loadu_ps(s), _mm512_set1_ps(p.scale_softmax));
+        _mm512_storeu_ps(s, x);
+        // the maximum as the scalar loop's std::max(mt, x) takes it: a NaN score never wins
+        mt = _mm512_reduce_max_ps(_mm512_mask_mov_ps(neg_inf, _mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), x));
+      } else
+#endif
+      {
+        for (int jj = 0; jj < kTileN; ++jj) {
+          const int j = t0 + jj;
+          float x = kNegInf;
+          if (jj < nk && j >= vis.lo && j < vis.hi) {
+            x = p.softcap > 0.f ? p.scale_softmax * std::tanh(s[jj] * p.softcap) : s[jj] * p.scale_softmax;
+          }
+          s[jj] = x;
+          mt = std::max(mt, x);
         }
-        s[jj] = x;
-        mt = std::max(mt, x);
       }
-      const float m_new = std::max(sc.m[r], mt);
-      if (m_new == kNegInf) {  // nothing visible yet: P row is 0
+      m_new[r] = std::max(sc.m[r], mt);
+      if (m_new[r] == kNegInf) {  // nothing visible yet: P row is 0
         std::fill(s, s + kTileN, 0.f);
         continue;
       }
-      exp_tile(s, m_new, s);
-      float sum = 0.f;
-      for (int jj = 0; jj < kTileN; ++jj) sum += s[jj];
-      if (sc.m[r] != m_new) {
-        const float alpha = sc.m[r] == kNegInf ? 0.f : std::exp(sc.m[r] - m_new);
+      exp_tile(s, m_new[r], s);
+    }
+    for (int r = 0; r < R; ++r) sum[r] = 0.f;
+    for (int jj = 0; jj < kTileN; ++jj)
+      for (int r = 0; r < R; ++r) sum[r] += S[r * kTileN + jj];
+    for (int r = 0; r < R; ++r) {
+      if (m_new[r] == kNegInf) continue;
+      if (sc.m[r] != m_new[r]) {
+        const float alpha = sc.m[r] == kNegInf ? 0.f : std::exp(sc.m[r] - m_new[r]);
         sc.l[r] *= alpha;
         scale_row(alpha, O + size_t(r) * dp, dp);
       }
-      sc.l[r] += sum;
-      sc.m[r] = m_new;
+      sc.l[r] += sum[r];
+      sc.m[r] = m_new[r];
     }
     // O += P V (V rows converted once per tile and kv head, reused by that head's rows)
     for (int kvl = 0; kvl < nkv; ++kvl) {
       const int hk = hk0 + kvl, r0 = kvl * PH, r1 = r0 + PH;
       const int64_t vrow = vrow0 + int64_t(hk) * p.v_head_stride;
+#if defined(VENDORED_CPU_ISA_AVX512)
+      if constexpr (std::is_same_v<T, bf16_t>) {  // value rows read in place, several query rows per pass
+        const bf16_t* vrows[kTileN];
+        for (int jj = 0; jj < nk; ++jj) vrows[jj] = v + vrow + int64_t(jj) * p.v_row_stride;
+        const float* prow[256];
+        float* orow[256];
+        int n = 0;
+        for (int r = r0; r < r1; ++r) {
+          if (sc.m[r] == kNegInf) continue;  // nothing visible yet: the row is left as it is
+          prow[n] = S + r * kTileN;
+          orow[n++] = O + size_t(r) * dp;
+        }
+        pv_bf16(prow, vrows, nk, d, orow, n);
+        continue;
+      }
+#endif
       for (int jj = 0; jj < nk; ++jj)
         load_row(v + vrow + int64_t(jj) * p.v_row_stride, sc.vf.data() + size_t(jj) * dp, d, dp);
       for (int r = r0; r < r1; ++r) {
@@ -208,7 +250,8 @@ template <typename T>
 void attend_items(void* ctx, int64_t begin, int64_t end) {
   const Job& job = *static_cast<const Job*>(ctx);
   const Flash_fwd_params& p = *job.p;
-  Scratch sc(job);
+  thread_local Scratch sc;
+  sc.prepare(job);
   for (int64_t it = begin; it < end; ++it) {
     int64_t rest = it;
     const int split = int(rest % p.num_splits);

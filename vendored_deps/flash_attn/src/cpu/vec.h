@@ -203,6 +203,85 @@ inline void pv_tile(const float* p, const float* v, int nk, int dp, float* o) {
     if (n > 3) _mm512_storeu_ps(o + c + 48, a3);
   }
 }
+
+// 16 bf16 values widened to fp32 (exact: the bits shifted into the high half), the last `n` < 16
+// lanes of a short chunk zero.
+inline __m512 widen_bf16(const bf16_t* src, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src)), 16));
+}
+
+// pv_tile for NR rows of one kv head at once, over the bf16 value rows v[0..nk) read in place: per
+// element of o the same fmadd(p[j], v[j][c], o[c]) in the same j order as pv_tile over load_row'd
+// rows (so the same bits), but each value chunk is widened once for the NR rows and their NR * NC
+// accumulator chains interleave. o rows are padded to a multiple of 16 floats; columns d .. of o
+// get 0 * p added, as pv_tile's zero padding does.
+template <int NR, int NC>
+inline void pv_rows_bf16(const float* const* p, const bf16_t* const* v, int nk, int c, int d, float* const* o) {
+  __m512 acc[NR][NC];
+  __mmask16 mask[NC];
+#pragma GCC unroll 4
+  for (int u = 0; u < NC; ++u) {
+    const int left = d - c - 16 * u;
+    mask[u] = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < NC; ++u) acc[r][u] = _mm512_loadu_ps(o[r] + c + 16 * u);
+  for (int j = 0; j < nk; ++j) {
+    __m512 vj[NC];
+#pragma GCC unroll 4
+    for (int u = 0; u < NC; ++u) vj[u] = widen_bf16(v[j] + c + 16 * u, mask[u]);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const __m512 pj = _mm512_set1_ps(p[r][j]);
+#pragma GCC unroll 4
+      for (int u = 0; u < NC; ++u) acc[r][u] = _mm512_fmadd_ps(pj, vj[u], acc[r][u]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int u = 0; u < NC; ++u) _mm512_storeu_ps(o[r] + c + 16 * u, acc[r][u]);
+}
+
+template <int NR>
+inline void pv_rows_bf16_cols(const float* const* p, const bf16_t* const* v, int nk, int d, float* const* o) {
+  int c = 0;
+  for (; c + 64 <= d; c += 64) pv_rows_bf16<NR, 4>(p, v, nk, c, d, o);
+  switch ((d - c + 15) / 16) {  // the last 8 .. 56 columns (d is a multiple of 8)
+    case 1:
+      pv_rows_bf16<NR, 1>(p, v, nk, c, d, o);
+      break;
+    case 2:
+      pv_rows_bf16<NR, 2>(p, v, nk, c, d, o);
+      break;
+    case 3:
+      pv_rows_bf16<NR, 3>(p, v, nk, c, d, o);
+      break;
+    default:
+      break;
+  }
+}
+
+// o_r += sum_j p_r[j] * v[j] for n rows (row i: p[i], o[i]), up to 4 at a time.
+inline void pv_bf16(const float* const* p, const bf16_t* const* v, int nk, int d, float* const* o, int n) {
+  int i = 0;
+  for (; i + 4 <= n; i += 4) pv_rows_bf16_cols<4>(p + i, v, nk, d, o + i);
+  switch (n - i) {
+    case 3:
+      pv_rows_bf16_cols<3>(p + i, v, nk, d, o + i);
+      break;
+    case 2:
+      pv_rows_bf16_cols<2>(p + i, v, nk, d, o + i);
+      break;
+    case 1:
+      pv_rows_bf16_cols<1>(p + i, v, nk, d, o + i);
+      break;
+    default:
+      break;
+  }
+}
 #else
 // o += sum_j p[j] * v[j] over nk fp32 rows padded to dp, 16 floats of o at a time.
 inline void pv_tile(const float* p, const float* v, int nk, int dp, float* o) {
