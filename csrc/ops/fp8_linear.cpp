@@ -23,6 +23,20 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The weight, scale and bias fields that the GEMV's and the AMX kernel's parameters share.
+template <typename P>
+void set_weight(P& p, const Tensor& qweight, const Tensor& scale, const std::optional<Tensor>& bias, int64_t n) {
+  p.w = static_cast<const uint8_t*>(qweight.data_ptr());
+  p.w_row = qweight.stride(0);
+  p.scale = static_cast<const float*>(scale.data_ptr());
+  p.scale_rows = scale.size(0) == n ? 1 : 128;
+  p.scale_s0 = scale.stride(0);
+  p.scale_s1 = scale.stride(1);
+  p.bias = bias.has_value() ? static_cast<decltype(p.bias)>(bias->data_ptr()) : nullptr;
+  p.bias_stride = bias.has_value() ? bias->stride(0) : 0;
+  p.n = n;
+}
+
 // Checks every argument; returns the dtype of x (and bias, and the output).
 DType check_fp8_linear_args(const char* op, const Tensor& x, const Tensor& qweight, const Tensor& scale,
                             const std::optional<Tensor>& bias) {
@@ -64,13 +78,7 @@ void fp8_linear_amx_call(const char* op, const Tensor& x, const Tensor& qweight,
     a.x = static_cast<const uint16_t*>(x.data_ptr());
   } else {
     xcopy.resize(static_cast<size_t>(m * k));
-    const RowLayout rows = row_layout(op, "x", x, x.dim() - 1);
-    const int64_t col = x.stride(-1);
-    const uint16_t* xs = static_cast<const uint16_t*>(x.data_ptr());
-    for (int64_t r = 0; r < m; ++r) {
-      const uint16_t* xr = xs + row_offset(rows, r);
-      for (int64_t i = 0; i < k; ++i) xcopy[r * k + i] = xr[i * col];
-    }
+    copy_rows<uint16_t>(op, "x", x, xcopy.data(), k, [](const uint16_t* v) { return *v; });
     a.x = xcopy.data();
   }
   a.x_row = k;
@@ -79,17 +87,9 @@ void fp8_linear_amx_call(const char* op, const Tensor& x, const Tensor& qweight,
   thread_local std::vector<uint16_t> xpack;
   xpack.resize(static_cast<size_t>(a.mp * a.kp));  // pack writes every element, zeros included
   a.xpack = xpack.data();
-  a.w = static_cast<const uint8_t*>(qweight.data_ptr());
-  a.w_row = qweight.stride(0);
-  a.scale = static_cast<const float*>(scale.data_ptr());
-  a.scale_rows = scale.size(0) == n ? 1 : 128;
-  a.scale_s0 = scale.stride(0);
-  a.scale_s1 = scale.stride(1);
-  a.bias = bias.has_value() ? static_cast<const bf16_t*>(bias->data_ptr()) : nullptr;
-  a.bias_stride = bias.has_value() ? bias->stride(0) : 0;
+  set_weight(a, qweight, scale, bias, n);
   a.out = static_cast<bf16_t*>(out.data_ptr());
   a.m = m;
-  a.n = n;
   a.k = k;
   parallel_for(a.mp / 16, grain_for(16 * a.kp, 32768),
                [&](int64_t b, int64_t e) { cpu_avx2::fp8_linear_amx_pack(a, b, e); });
@@ -129,20 +129,9 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
   thread_local std::vector<float> xbuf;
   xbuf.assign(static_cast<size_t>(m * p.kp), 0.0f);
   if (k > 0) {
-    const RowLayout rows = row_layout(op, "x", x, x.dim() - 1);
-    const int64_t col = x.stride(-1);
     dispatch_storage(dt, [&](auto tag) {
       using T = decltype(tag);
-      const T* xs = static_cast<const T*>(x.data_ptr());
-      for (int64_t r = 0; r < m; ++r) {
-        const T* xr = xs + row_offset(rows, r);
-        float* dst = xbuf.data() + r * p.kp;
-        if (col == 1) {
-          for (int64_t i = 0; i < k; ++i) dst[i] = load(xr + i);
-        } else {
-          for (int64_t i = 0; i < k; ++i) dst[i] = load(xr + i * col);
-        }
-      }
+      copy_rows<T>(op, "x", x, xbuf.data(), p.kp, [](const T* v) { return load(v); });
     });
   }
   p.x = xbuf.data();
@@ -183,15 +172,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
       p.x_scale = x_scale.data();
     }
   }
-  p.w = static_cast<const uint8_t*>(qweight.data_ptr());
-  p.w_row = qweight.stride(0);
-  p.scale = static_cast<const float*>(scale.data_ptr());
-  p.scale_rows = scale.size(0) == n ? 1 : 128;
-  p.scale_s0 = scale.stride(0);
-  p.scale_s1 = scale.stride(1);
-  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.bias_stride = bias.has_value() ? bias->stride(0) : 0;
-  p.n = n;
+  set_weight(p, qweight, scale, bias, n);
   p.k = k;
   p.out = out.data_ptr();
   const int64_t out_elem = dt == DType::kFloat32 ? 4 : 2;

@@ -67,29 +67,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, std::optional<Tensor> bias)
       p.x16 = x.data_ptr();
     } else if (dt == DType::kFloat32 && x.is_contiguous()) {
       p.x = static_cast<const float*>(x.data_ptr());
+    } else if (native_bf16) {
+      xbuf16.resize(static_cast<size_t>(m * k));
+      copy_rows<bf16_t>(op, "x", x, xbuf16.data(), k, [](const bf16_t* v) { return *v; });
+      p.x16 = xbuf16.data();
     } else {
-      const RowLayout rows = row_layout(op, "x", x, x.dim() - 1);
-      const int64_t col = x.stride(-1);
-      if (native_bf16) {
-        xbuf16.resize(static_cast<size_t>(m * k));
-        const bf16_t* xs = static_cast<const bf16_t*>(x.data_ptr());
-        for (int64_t r = 0; r < m; ++r) {
-          const bf16_t* xr = xs + row_offset(rows, r);
-          for (int64_t i = 0; i < k; ++i) xbuf16[r * k + i] = xr[i * col];
-        }
-        p.x16 = xbuf16.data();
-      } else {
-        xbuf.resize(static_cast<size_t>(m * k));
-        dispatch_storage(dt, [&](auto tag) {
-          using T = decltype(tag);
-          const T* xs = static_cast<const T*>(x.data_ptr());
-          for (int64_t r = 0; r < m; ++r) {
-            const T* xr = xs + row_offset(rows, r);
-            for (int64_t i = 0; i < k; ++i) xbuf[r * k + i] = load(xr + i * col);
-          }
-        });
-        p.x = xbuf.data();
-      }
+      xbuf.resize(static_cast<size_t>(m * k));
+      dispatch_storage(dt, [&](auto tag) {
+        using T = decltype(tag);
+        copy_rows<T>(op, "x", x, xbuf.data(), k, [](const T* v) { return load(v); });
+      });
+      p.x = xbuf.data();
     }
     p.out = out.data_ptr();
     p.w = weight.data_ptr();

@@ -55,4 +55,25 @@ inline int64_t leading_numel(const Tensor& t, int64_t lead) {
   return n;
 }
 
+// Copies the rows of x [..., K] (any leading strides, its last dim at stride x.stride(-1)) into dst, row r
+// at dst + r * dst_row, each element through f (T* -> D): the one gather for wrappers whose kernels read
+// their activations contiguous.
+template <typename T, typename D, typename F>
+inline void copy_rows(const char* op, const char* arg, const Tensor& x, D* dst, int64_t dst_row, const F& f) {
+  const RowLayout rows = row_layout(op, arg, x, x.dim() - 1);
+  const int64_t m = leading_numel(x, x.dim() - 1);
+  const int64_t k = x.size(-1);
+  const int64_t col = x.stride(-1);
+  const T* xs = static_cast<const T*>(x.data_ptr());
+  for (int64_t r = 0; r < m; ++r) {
+    const T* xr = xs + row_offset(rows, r);
+    D* d = dst + r * dst_row;
+    if (col == 1) {
+      for (int64_t i = 0; i < k; ++i) d[i] = f(xr + i);
+    } else {
+      for (int64_t i = 0; i < k; ++i) d[i] = f(xr + i * col);
+    }
+  }
+}
+
 }  // namespace keel
