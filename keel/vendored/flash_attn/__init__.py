@@ -22,6 +22,7 @@ __all__ = ["flash_attn_varlen_func", "flash_attn_with_kvcache", "cpu_isa", "last
 
 _ISA_NAMES = {0: "base", 1: "avx2", 2: "avx512"}
 _FWD_KVCACHE = torch.ops.keel_flash_attn.fwd_kvcache.default
+_VARLEN_FWD = torch.ops.keel_flash_attn.varlen_fwd.default
 
 
 def _unsupported(func: str, **options: object) -> None:
@@ -79,7 +80,7 @@ def flash_attn_varlen_func(
         raise ValueError(f"keel.vendored.flash_attn.{func}: seqused_k is required with block_table")
     left, right = _window(func, window_size)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    return torch.ops.keel_flash_attn.varlen_fwd(
+    return _VARLEN_FWD(
         q,
         k,
         v,
@@ -144,8 +145,7 @@ def flash_attn_with_kvcache(
     left, right = _window(func, window_size)
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
-    if q.stride(-1) != 1:
-        q = q.contiguous()
+    q = _last_dim_contiguous(q)
     return _FWD_KVCACHE(
         q,
         k_cache,
