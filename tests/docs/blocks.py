@@ -80,9 +80,9 @@ def parse_settings(text: str, where: str) -> tuple[dict[str, str], tuple[str, ..
     return settings, tuple(masks), frozenset(flags)
 
 
-def page_blocks(path: Path) -> list[Block]:
+def page_blocks(path: Path, root: Path = ROOT) -> list[Block]:
     """The marked blocks of one Markdown file, in order; a marker not followed by a fence is an error."""
-    rel = path.relative_to(ROOT).as_posix()
+    rel = path.relative_to(root).as_posix()
     lines = path.read_text().splitlines()
     out: list[Block] = []
     i = 0
