@@ -62,6 +62,13 @@ def test_readme_is_a_front_page():
     )
 
 
+def test_readme_shows_the_two_commands():
+    text = (ROOT / "README.md").read_text()
+    for command in ("bash scripts/demo.sh", "bash scripts/test.sh"):
+        assert command in text, f"README.md does not show `{command}`"
+        assert (ROOT / command.split()[1]).is_file(), f"README.md shows `{command}`, but there is no such script"
+
+
 def relative_links(page: Path) -> list[tuple[int, str]]:
     """(line, target) of every relative Markdown link outside code blocks and code spans."""
     out: list[tuple[int, str]] = []
