@@ -54,7 +54,9 @@ def _parse(source: Source, cand: Candidate) -> ElfInfo | ElfFormatError:
     try:
         return read_elf(cand.load())
     except ElfFormatError as exc:
-        return exc
+        # a fresh exception: the raised one's traceback (and its __context__'s) holds the reader's
+        # frames, with the member's inflated bytes, for as long as the verdict is kept
+        return ElfFormatError(str(exc))
     except AuditInputError as exc:
         raise AuditInputError(f"{source.label}: {exc}") from None
     except OSError as exc:
