@@ -91,8 +91,10 @@ def resolve_policy(policy: str | os.PathLike[str] | Policy | None = None, strict
         if strict:
             raise AuditInputError("keel audit: --strict and --policy exclude each other; expected one")
         path = Path(policy)
-        if not path.is_file():
+        if not path.exists():
             raise AuditInputError(f"--policy {path}: no such file; expected a policy JSON file")
+        if not path.is_file():
+            raise AuditInputError(f"--policy {path}: not a regular file; expected a policy JSON file")
         return load_policy(path.resolve())
     return load_policy(STRICT_FILE if strict else POLICY_FILE)
 

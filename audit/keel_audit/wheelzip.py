@@ -209,6 +209,8 @@ class MemberReader:
     Pieces in the first HEAD_WINDOW bytes and every range read (with BACK_WINDOW bytes before it:
     patchelf'ed libraries such as torch's keep .gnu.hash just before .dynstr, both at the end) are
     kept as they come (no big buffer); a read behind the stream outside those restarts the stream.
+    Past KEEP_LIMIT bytes of range pieces, they are dropped before the next read that needs the stream
+    (the head window stays), so one reader holds at most about HEAD_WINDOW + KEEP_LIMIT + one range.
     zipfile checks the CRC when a pass reaches the end of the member: the section-header path (which reads the table at
     the end) checks it, the dynamic-segment path (elf/segments.py) usually stops early and does not.
     """

@@ -9,6 +9,7 @@ with 65,535 section headers of 65,535 bytes each, and bad `--policy` files.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,10 @@ def _policy_cases(tmp: Path) -> dict[str, Path]:
         path.write_bytes(text.encode("latin-1") if name == "not-utf8" else text.encode())
         out[name] = path
     out["huge"] = sparse_file(tmp / "huge.json", b'{"schema": 2, "x": "', 2 * GIB)
+    os.mkfifo(tmp / "fifo.json")
+    out["fifo"] = tmp / "fifo.json"
+    (tmp / "fifo-extended.json").write_text(json.dumps({"schema": 2, "extends": "fifo.json"}))
+    out["extends-fifo"] = tmp / "fifo-extended.json"
     return out
 
 
@@ -111,6 +116,8 @@ def _policy_cases(tmp: Path) -> dict[str, Path]:
         "not-utf8",
         "top-level-list",
         "huge",
+        "fifo",
+        "extends-fifo",
     ],
 )
 def test_bad_policy_exits_2(tmp_path: Path, libs: dict[str, Path], case: str) -> None:
