@@ -54,7 +54,9 @@ def _parse(source: Source, cand: Candidate) -> ElfInfo | ElfFormatError:
     try:
         return read_elf(cand.load())
     except ElfFormatError as exc:
-        return exc
+        # a fresh exception: the raised one's traceback (and its __context__'s) holds the reader's
+        # frames, with the member's inflated bytes, for as long as the verdict is kept
+        return ElfFormatError(str(exc))
     except AuditInputError as exc:
         raise AuditInputError(f"{source.label}: {exc}") from None
     except OSError as exc:
@@ -89,8 +91,10 @@ def resolve_policy(policy: str | os.PathLike[str] | Policy | None = None, strict
         if strict:
             raise AuditInputError("keel audit: --strict and --policy exclude each other; expected one")
         path = Path(policy)
-        if not path.is_file():
+        if not path.exists():
             raise AuditInputError(f"--policy {path}: no such file; expected a policy JSON file")
+        if not path.is_file():
+            raise AuditInputError(f"--policy {path}: not a regular file; expected a policy JSON file")
         return load_policy(path.resolve())
     return load_policy(STRICT_FILE if strict else POLICY_FILE)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +22,7 @@ DATA = Path(__file__).parent / "data"
 POLICY_FILE = DATA / "policy.json"
 STRICT_FILE = DATA / "policy-strict.json"
 SEVERITIES = ("error", "warning", "note")
+MAX_POLICY_BYTES = 1 << 20  # a policy file is a few KB; a larger one is not a policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,22 +64,55 @@ class Policy:
 
 
 def _read(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The JSON of a policy file with its `extends` chain merged in (base first)."""
+    """The JSON of a policy file with its `extends` chain merged in (base first); TableError naming the
+    file (and the file that extends it) for anything that is not a readable schema-2 policy object."""
+    where = f"audit policy {path}" + (f" (extended by {seen[-1]})" if seen else "")
     if path in seen:
-        raise TableError(f"audit policy {path}: `extends` loops back to itself")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TableError(f"audit policy {path}: expected readable JSON, got {exc}") from None
+        raise TableError(f"{where}: `extends` loops back to itself")
+    data = _load_json(path, where)
     if not isinstance(data, dict) or data.get("schema") != 2:
-        raise TableError(f'audit policy {path}: expected a JSON object with "schema": 2')
+        raise TableError(f'{where}: expected a JSON object with "schema": 2')
+    for key in ("severities", "machines"):
+        if not isinstance(data.get(key, {}), dict):
+            raise TableError(f"{where}: {key} must be a JSON object, got {type(data[key]).__name__}")
     base = data.get("extends")
     if base is None:
         return data
+    if not isinstance(base, str) or not base:
+        raise TableError(f"{where}: extends must be the path of another policy file, got {base!r:.80}")
     merged = _read((path.parent / base).resolve(), (*seen, path))
     severities = {**merged.get("severities", {}), **data.get("severities", {})}
     out: dict[str, Any] = {**merged, **data, "severities": severities}
     return out
+
+
+def _load_json(path: Path, where: str) -> Any:
+    """The parsed JSON of a regular file of at most MAX_POLICY_BYTES (no device, FIFO or huge file is
+    read; nesting too deep for the parser is an error, not a crash)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise TableError(f"{where}: cannot open ({exc.strerror or exc}); expected a readable JSON file") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise TableError(f"{where}: not a regular file; expected a JSON file")
+        if info.st_size > MAX_POLICY_BYTES:
+            raise TableError(f"{where}: {info.st_size} bytes; expected a policy of at most {MAX_POLICY_BYTES} bytes")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            raw = fh.read(MAX_POLICY_BYTES + 1)
+    except OSError as exc:
+        raise TableError(f"{where}: cannot read ({exc.strerror or exc}); expected a readable JSON file") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_POLICY_BYTES:
+        raise TableError(f"{where}: more than {MAX_POLICY_BYTES} bytes; expected a policy file")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise TableError(f"{where}: JSON nested too deeply; expected a flat policy object") from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise TableError(f"{where}: expected readable UTF-8 JSON, got {exc}") from None
 
 
 def _strings(data: dict[str, Any], key: str) -> tuple[str, ...]:
@@ -106,5 +142,5 @@ def load_policy(path: Path = POLICY_FILE) -> Policy:
             python_global_prefixes=_strings(data, "python_global_prefixes"),
             machines={str(k): str(v) for k, v in dict(data["machines"]).items()},
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise TableError(f"audit policy {path}: expected the schema-2 policy keys, got {exc!r}") from None

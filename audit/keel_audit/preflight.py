@@ -517,9 +517,9 @@ def resolve_library(
     elif uses_cuda and not cand_major:
         cuda["ok"] = False
         cuda["note"] = "a CUDA library; this torch is a CPU-only build"
-    elif uses_cuda and major is None:
+    elif uses_cuda and major is None:  # cand_major is set here: the branch above took CPU-only builds
         cuda["target"] = "static"
-        cuda["note"] = "" if cand_major else ""
+        cuda["note"] = f"links the CUDA runtime statically; this torch is built for CUDA {cand.cuda}"
 
     kind, pyver, is_ext = _python_req(path, info, tags)
     cand_py = (3, int(cand.python_tag[3:])) if cand.python_tag else None

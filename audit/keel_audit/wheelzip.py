@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import stat
 import struct
@@ -13,11 +14,17 @@ from typing import Protocol
 
 from .errors import AuditInputError
 
-_inflate_lib: ModuleType
-try:  # ISA-L inflates about twice as fast as zlib (optional: `pip install keel-audit[fast]`)
-    from isal import isal_zlib as _inflate_lib
-except ImportError:  # pragma: no cover - depends on the environment
-    _inflate_lib = zlib
+
+def _inflater() -> ModuleType:
+    """ISA-L's zlib module when installed (it inflates about twice as fast: `pip install keel-audit[fast]`),
+    else zlib. Imported by name, so that type-checking does not depend on the optional extra."""
+    try:
+        return importlib.import_module("isal.isal_zlib")
+    except ImportError:  # pragma: no cover - depends on the environment
+        return zlib
+
+
+_inflate_lib = _inflater()
 # what reading a damaged member can raise, from zipfile, the OS, zlib or ISA-L
 _READ_ERRORS: tuple[type[BaseException], ...] = (
     zipfile.BadZipFile,
@@ -35,6 +42,8 @@ HEAD_WINDOW = 64 << 20  # bytes kept from the start of a member (MemberReader)
 CHUNK = 1 << 20  # inflate at most this many bytes per read; pieces are kept as they come
 MIN_READ = 64 << 10  # and at least this many (no tiny reads for headers)
 BACK_WINDOW = 8 << 20  # bytes kept before each range read: a table just behind it needs no second pass
+KEEP_LIMIT = 96 << 20  # range pieces kept past the head window; beyond it they are dropped before a new read
+_LOCAL_HEADER = 30  # bytes of a local file header before its name
 
 
 def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
@@ -67,7 +76,36 @@ def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
             raise AuditInputError(f"{label}: entries add up to more than {MAX_TOTAL} bytes; expected a real wheel")
         if not name.endswith("/"):
             members.append(info)
+    _check_overlaps(zf, label)
     return members
+
+
+def _check_overlaps(zf: zipfile.ZipFile, label: str) -> None:
+    """Refuse entries whose bytes overlap (several central entries naming one local header, or local
+    data running into the next entry or the central directory: the overlapping zip bomb). Each entry
+    spans at least its local header, its name and its compressed data."""
+    spans = []
+    for info in zf.infolist():
+        try:
+            name_len = len(info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437"))
+        except UnicodeEncodeError:
+            name_len = len(info.orig_filename.encode("utf-8", "surrogateescape"))
+        spans.append((info.header_offset, info.header_offset + _LOCAL_HEADER + name_len + info.compress_size, info))
+    spans.sort(key=lambda span: span[0])
+    bad: list[str] = []
+    for (_, end, info), (start, _, after) in zip(spans, spans[1:], strict=False):
+        if end > start:
+            bad += [n for n in (info.filename, after.filename) if n not in bad]
+    directory = getattr(zf, "start_dir", None)
+    if spans and isinstance(directory, int) and spans[-1][1] > directory:
+        bad.append(spans[-1][2].filename)
+        bad.append("(the central directory)")
+    if bad:
+        shown = ", ".join(repr(n) for n in bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+        raise AuditInputError(
+            f"{label}: zip entries overlap: {shown} share bytes of the archive; "
+            "expected every entry's data in a range of its own (overlapping entries are a zip bomb)"
+        )
 
 
 def _check_name(name: str, label: str) -> None:
@@ -171,6 +209,8 @@ class MemberReader:
     Pieces in the first HEAD_WINDOW bytes and every range read (with BACK_WINDOW bytes before it:
     patchelf'ed libraries such as torch's keep .gnu.hash just before .dynstr, both at the end) are
     kept as they come (no big buffer); a read behind the stream outside those restarts the stream.
+    Past KEEP_LIMIT bytes of range pieces, they are dropped before the next read that needs the stream
+    (the head window stays), so one reader holds at most about HEAD_WINDOW + KEEP_LIMIT + one range.
     zipfile checks the CRC when a pass reaches the end of the member: the section-header path (which reads the table at
     the end) checks it, the dynamic-segment path (elf/segments.py) usually stops early and does not.
     """
@@ -180,6 +220,7 @@ class MemberReader:
     def __init__(self, zf: zipfile.ZipFile, info: zipfile.ZipInfo, fd: int | None = None) -> None:
         self.zf, self.info, self.size, self.fd = zf, info, info.file_size, fd
         self.kept: list[tuple[int, bytes]] = []  # (offset, bytes), sorted by offset
+        self.kept_bytes = 0
         self.pos = 0  # bytes inflated by the current pass
         self.passes = 0
         self._fh: _Stream | None = None
@@ -211,6 +252,9 @@ class MemberReader:
     def _advance(self, lo: int, hi: int) -> None:
         """Inflate up to `hi` (restarting when [lo, pos) was not kept), keeping [lo, hi) and the head window."""
         try:
+            if self.kept_bytes > KEEP_LIMIT:  # drop the range pieces; the head window stays
+                self.kept = [piece for piece in self.kept if piece[0] + len(piece[1]) <= HEAD_WINDOW]
+                self.kept_bytes = sum(len(data) for _, data in self.kept)
             if self._fh is None or (lo < self.pos and self._cover(lo, min(hi, self.pos)) is None):
                 if self._fh is not None:
                     self._fh.close()
@@ -244,6 +288,7 @@ class MemberReader:
     def _keep(self, offset: int, data: bytes) -> None:
         if not self._cover(offset, offset + len(data)):
             self.kept.append((offset, data))
+            self.kept_bytes += len(data)
 
 
 def head(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int = 18, fd: int | None = None) -> bytes:

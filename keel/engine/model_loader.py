@@ -7,15 +7,25 @@ from pathlib import Path
 import torch
 
 from keel.hf.config import ModelConfig
+from keel.hf.memory import DEFAULT_KV_CACHE_BYTES, check_model_memory
 from keel.hf.weights import iter_weights, validate_checkpoint
 from keel.models import get_model_class
 from keel.models.llama import LlamaForCausalLM
 
 
 def load_model(
-    folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, progress: bool = True
+    folder: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    progress: bool = True,
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
 ) -> LlamaForCausalLM:
-    """Build the model without initialising it (meta device), then fill it from the checkpoint."""
+    """Build the model without initialising it (meta device), then fill it from the checkpoint.
+
+    First the memory the config implies (keel/hf/memory.py) must fit the limit (`KEEL_MAX_MODEL_BYTES` or
+    the device's available memory): a ConfigError naming the fields otherwise, before anything is allocated."""
+    check_model_memory(config, dtype, device, kv_cache_bytes)
     validate_checkpoint(folder, config)  # headers only: every tensor present, with its shape, before allocating
     cls = get_model_class(config.architecture)
     with torch.device("meta"):

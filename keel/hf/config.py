@@ -28,6 +28,7 @@ MAX_LAYERS = 1 << 12
 MAX_HEADS = 1 << 12
 MAX_HEAD_DIM = 1 << 11
 # keel builds a [max_position_embeddings, head_dim] rotary table at load: 2M positions x 128 x 4 bytes = 1 GiB
+# (each bound holds alone; keel/hf/memory.py checks what their products add up to before loading)
 MAX_POSITIONS = 1 << 21
 MAX_THETA = 1e12
 # the architectures whose config.json this module parses (the Llama family); keel/models registers a class

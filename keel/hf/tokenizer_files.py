@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, read_json_object_text
+from .errors import MAX_TEMPLATE_BYTES, MAX_TOKENIZER_BYTES, CheckpointError, read_json_object_text, read_text_bounded
 
 
 class TokenizerError(CheckpointError):
@@ -41,20 +41,22 @@ _BASE: dict[str, Any] = {
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """The JSON object in `path`; {} when the (optional) file is absent."""
-    return _read_object_text(path)[0] if path.is_file() else {}
+    return _read_object_text(path)[0] if path.exists() or path.is_symlink() else {}
 
 
-def _read_object_text(path: Path) -> tuple[dict[str, Any], str]:
-    return read_json_object_text(path, TokenizerError)
+def _read_object_text(path: Path, limit: int | None = None) -> tuple[dict[str, Any], str]:
+    if limit is None:
+        return read_json_object_text(path, TokenizerError)
+    return read_json_object_text(path, TokenizerError, limit=limit)
 
 
 def load_tokenizers(path: Path) -> tuple[Any, dict[str, Any]]:
     """The `tokenizers.Tokenizer` of tokenizer.json and its parsed JSON; a broken one names its component."""
     from tokenizers import Tokenizer as HFTokenizer
 
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         raise TokenizerError(f"tokenizer.json not found in {path.parent}; keel needs a fast (tokenizers) tokenizer")
-    raw, text = _read_object_text(path)
+    raw, text = _read_object_text(path, MAX_TOKENIZER_BYTES)
     try:
         return HFTokenizer.from_str(text), raw
     except Exception as exc:  # tokenizers raises a bare Exception on parse errors
@@ -116,11 +118,8 @@ def load_template(folder: Path, cfg: dict[str, Any]) -> tuple[str | None, str]:
     """The chat template and where it came from: `chat_template.jinja` wins over tokenizer_config.json's
     `chat_template` (a string, or a list of {name, template} with a 'default')."""
     jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        try:
-            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
-        except UnicodeDecodeError as exc:
-            raise TokenizerError(f"{jinja_file} is not UTF-8 text ({exc})") from exc
+    if jinja_file.exists() or jinja_file.is_symlink():  # a dangling or looping link is an error too
+        return read_text_bounded(jinja_file, TokenizerError, MAX_TEMPLATE_BYTES), str(jinja_file)
     where = f"{folder / 'tokenizer_config.json'}: chat_template"
     template = cfg.get("chat_template")
     if isinstance(template, list):

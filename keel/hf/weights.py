@@ -8,7 +8,7 @@ Errors name the file, the tensor and the config fields that imply its shape.
 
 from __future__ import annotations
 
-import json
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -17,6 +17,7 @@ import torch
 
 from .checkpoint import FLOAT_DTYPES, expected_tensors, skipped, why_unexpected
 from .config import ModelConfig
+from .errors import read_json_object_text
 from .safetensors_header import SafetensorsHeader, TensorEntry, WeightsError, read_header
 
 __all__ = ["INDEX", "WeightsError", "iter_weights", "read_headers", "validate_checkpoint", "weight_files"]
@@ -27,13 +28,8 @@ _PROGRESS_MIN_BYTES = 64 << 20  # show a bar only when there is something to wai
 
 def _index_shards(index: Path) -> list[str]:
     """The shard file names an index lists, in order; each must be a plain `*.safetensors` name in the folder."""
-    try:
-        raw = json.loads(index.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WeightsError(f"{index} is not valid JSON ({exc}); expected an object with a 'weight_map'") from exc
-    except OSError as exc:
-        raise WeightsError(f"cannot read {index}: {exc}") from exc
-    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    raw, _ = read_json_object_text(index, WeightsError)
+    weight_map = raw.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise WeightsError(
             f"{index}: weight_map must be a non-empty object (tensor name -> shard file), got {weight_map!r:.60}"
@@ -51,25 +47,38 @@ def _index_shards(index: Path) -> list[str]:
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a checkpoint, in index order when sharded."""
     index = folder / INDEX
-    if index.is_file():
+    indexed = _present(index)
+    if indexed:
         files = [folder / name for name in _index_shards(index)]
-    elif (folder / "model.safetensors").is_file():
+    elif _present(folder / "model.safetensors"):
         files = [folder / "model.safetensors"]
     else:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise WeightsError(f"no safetensors weights in {folder}; expected model.safetensors or an index")
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
+    missing = [str(f) for f in files if not _present(f)]
+    if missing and indexed:
         raise WeightsError(f"{index}: the safetensors shards it lists are missing: {', '.join(missing)}")
-    if index.is_file():
+    for f in files:  # present, but a dangling link, a link loop, a folder, a device: name the file
+        try:
+            info = f.stat()
+        except OSError as exc:
+            raise WeightsError(f"cannot open {f} ({exc.strerror or exc}); expected a safetensors file") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise WeightsError(f"{f} is not a regular file; expected a safetensors file")
+    if indexed:
         _check_index_covers(index, files)
     return files
 
 
+def _present(path: Path) -> bool:
+    """A directory entry exists at `path` (a link counts, even a dangling or looping one)."""
+    return path.exists() or path.is_symlink()
+
+
 def _check_index_covers(index: Path, files: list[Path]) -> None:
     """Each tensor the index places in a shard must be in that shard's header."""
-    weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    weight_map = read_json_object_text(index, WeightsError)[0]["weight_map"]
     present = {f.name: set(read_header(f).tensors) for f in files}
     for name, shard in weight_map.items():
         if name not in present[shard]:

@@ -1,9 +1,14 @@
 """The pyelftools fallback, for the rare objects the bulk reader leaves alone (no .dynamic/.dynsym
-sections, an odd ELF class or encoding): slower, and it words the errors of odd headers."""
+sections, an odd ELF class or encoding): slower, and it words the errors of odd headers.
+
+pyelftools reads through a file object over the RandomAccess (`SourceStream`): only the headers and
+tables it parses are read, each read at most MAX_READ bytes, and at most MAX_SYMBOLS symbols are
+collected, so a sparse 10 GB object or a member of GBs costs no more memory than a small one."""
 
 from __future__ import annotations
 
 import io
+import os
 import struct
 
 from elftools.common.exceptions import ELFError
@@ -13,18 +18,63 @@ from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
 
 from ..errors import ElfFormatError
 from .symbols import dynsym_names
-from .types import NO_EXTRA, DynamicSymbols, ElfInfo, SymbolExtra, machine_name
+from .types import MAX_READ, NO_EXTRA, DynamicSymbols, ElfInfo, RandomAccess, SymbolExtra, machine_name
 
 _SHT_DYNSYM, _SHT_VERSYM = 11, 0x6FFFFFFF
+MAX_SYMBOLS = 1 << 22  # dynamic symbols walked without .dynsym (libtorch_cpu.so has about 75,000)
 
 
-def read_with_pyelftools(data: bytes) -> ElfInfo:
-    """Parse with pyelftools; every pyelftools/construct failure becomes ElfFormatError."""
+class SourceStream(io.RawIOBase):
+    """A read-only, seekable file object over a RandomAccess; one read returns at most MAX_READ bytes
+    (pyelftools asks for a section's whole size: a larger one is a damaged object)."""
+
+    def __init__(self, src: RandomAccess) -> None:
+        super().__init__()
+        self.src, self.pos = src, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.src.size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self.pos = base + offset
+        return self.pos
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        left = max(self.src.size - self.pos, 0)
+        n = left if size is None or size < 0 else min(size, left)
+        if n > MAX_READ:
+            raise ElfFormatError(
+                f"malformed ELF: a table of {n} bytes at offset {self.pos}; expected at most {MAX_READ}"
+            )
+        data = self.src.read(self.pos, n) if n else b""
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def read_with_pyelftools(src: bytes | RandomAccess) -> ElfInfo:
+    """Parse with pyelftools (a RandomAccess read in pieces); every pyelftools/construct failure becomes
+    ElfFormatError."""
     try:
-        elf = ELFFile(io.BytesIO(data))
+        stream: io.BytesIO | io.BufferedReader
+        stream = io.BytesIO(src) if isinstance(src, bytes) else io.BufferedReader(SourceStream(src), 1 << 16)
+        elf = ELFFile(stream)
         if elf["e_type"] != "ET_DYN":
             raise ElfFormatError(f"not a shared object: expected e_type ET_DYN, got {elf['e_type']}")
-        return _collect(elf, data)
+        return _collect(elf)
     except (ELFError, struct.error, ValueError, EOFError, IndexError, KeyError, OverflowError) as exc:
         raise ElfFormatError(f"truncated or malformed ELF: {exc or type(exc).__name__}") from None
     except Exception as exc:  # construct errors from pyelftools have no common public base
@@ -33,7 +83,7 @@ def read_with_pyelftools(data: bytes) -> ElfInfo:
         raise
 
 
-def _collect(elf: ELFFile, data: bytes) -> ElfInfo:
+def _collect(elf: ELFFile) -> ElfInfo:
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
@@ -67,7 +117,7 @@ def _collect(elf: ELFFile, data: bytes) -> ElfInfo:
                 if first is not None and not verdef["vd_flags"] & 0x1:  # skip VER_FLG_BASE
                     names[verdef["vd_ndx"]] = first.name
     tags = (soname, tuple(needed), tuple(rpath), tuple(runpath))
-    return ElfInfo.assemble(machine_name(elf["e_machine"]), tags, _symbols(elf, data, dynamic), needs, names)
+    return ElfInfo.assemble(machine_name(elf["e_machine"]), tags, _symbols(elf, dynamic), needs, names)
 
 
 def _text(tag: DynamicTag, name: str) -> str:
@@ -75,7 +125,7 @@ def _text(tag: DynamicTag, name: str) -> str:
     return str(vars(tag)[name])
 
 
-def _symbols(elf: ELFFile, data: bytes, dynamic: object) -> DynamicSymbols:
+def _symbols(elf: ELFFile, dynamic: object) -> DynamicSymbols:
     """From .dynsym when there is one, else by walking DT_SYMTAB."""
     dynsym = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM"), None)
     if dynsym is not None:
@@ -96,6 +146,8 @@ def _symbols(elf: ELFFile, data: bytes, dynamic: object) -> DynamicSymbols:
             continue
         target = undefined if sym["st_shndx"] == "SHN_UNDEF" else defined
         target.append((sym.name, binding))
+        if len(undefined) + len(defined) > MAX_SYMBOLS:
+            raise ElfFormatError(f"malformed ELF: more than {MAX_SYMBOLS} dynamic symbols; expected a real object")
 
     def extra(syms: list[tuple[str, int]]) -> SymbolExtra:  # no versions without .gnu.version
         return b"\1" * len(syms), bytes(b for _, b in syms), bytes(2 * len(syms))

@@ -56,7 +56,7 @@ def read_source(src: RandomAccess) -> ElfInfo:
     if head[:4] != ELF_MAGIC:
         raise ElfFormatError(f"not an ELF file: expected magic 7f454c46, got {head[:4].hex() or 'empty file'}")
     if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2) or (head[4] == 2 and len(head) < 64):
-        return read_with_pyelftools(src.read(0, src.size))  # odd class/encoding or a stub header
+        return _fallback(src)  # odd class/encoding or a stub header
     streamed = getattr(src, "streamed", False)
     if streamed:
         info = read_dynamic(src, head)
@@ -67,7 +67,15 @@ def read_source(src: RandomAccess) -> ElfInfo:
     except (struct.error, ValueError, IndexError, KeyError, OverflowError) as exc:
         raise ElfFormatError(f"truncated or malformed ELF: {exc or type(exc).__name__}") from None
     if info is None:
-        return read_with_pyelftools(src.read(0, src.size))
-    if streamed:  # the fallback inflates the whole member, so zipfile checks its CRC
+        return _fallback(src)
+    if streamed:  # the section-header path reads to the end, so zipfile checks the CRC
+        src.read(src.size - 1, 1)
+    return info
+
+
+def _fallback(src: RandomAccess) -> ElfInfo:
+    """pyelftools, reading `src` in pieces; a streamed member is then read to its end (CRC check)."""
+    info = read_with_pyelftools(src)
+    if getattr(src, "streamed", False) and src.size:
         src.read(src.size - 1, 1)
     return info

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from ..errors import ElfFormatError
 from .symbols import dynamic_tags, dynsym_names, walk_versions
-from .types import ElfInfo, RandomAccess, machine_name, type_name
+from .types import MAX_READ, PHDR_SIZE, SHDR_SIZE, ElfInfo, RandomAccess, machine_name, type_name
 
 SHT_DYNAMIC, SHT_NOBITS, SHT_DYNSYM = 6, 8, 11
 SHT_VERDEF, SHT_VERNEED, SHT_VERSYM = 0x6FFFFFFD, 0x6FFFFFFE, 0x6FFFFFFF
@@ -39,6 +39,7 @@ def read_sections(src: RandomAccess, head: bytes) -> ElfInfo | None:
     if e_type != 3:
         raise ElfFormatError(f"not a shared object: expected e_type ET_DYN, got {type_name(e_type)}")
     size = src.size
+    check_entry_sizes(is64, phnum, phentsize, shnum, shentsize)
     ph = _table(src, phoff, phnum, phentsize, e + ("IIQQQQQQ" if is64 else "IIIIIIII"), "program headers")
     for p in ph:  # (p_type, p_flags, p_offset, .., p_filesz) or (p_type, p_offset, .., p_filesz)
         offset, filesz = (p[2], p[5]) if is64 else (p[1], p[4])
@@ -70,6 +71,20 @@ def read_sections(src: RandomAccess, head: bytes) -> ElfInfo | None:
     return ElfInfo.assemble(machine_name(e_machine), tags, syms, needs, vnames)
 
 
+def check_entry_sizes(is64: bool, phnum: int, phentsize: int, shnum: int, shentsize: int) -> None:
+    """Program and section headers of the one size the ELF specification gives them; ElfFormatError
+    otherwise (65,535 entries of 65,535 bytes would be a 4 GB table)."""
+    bits = 64 if is64 else 32
+    if phnum and phentsize != PHDR_SIZE[is64]:
+        raise ElfFormatError(
+            f"malformed ELF: e_phentsize {phentsize}; expected {PHDR_SIZE[is64]} (an ELF{bits} program header)"
+        )
+    if shnum and shentsize != SHDR_SIZE[is64]:
+        raise ElfFormatError(
+            f"malformed ELF: e_shentsize {shentsize}; expected {SHDR_SIZE[is64]} (an ELF{bits} section header)"
+        )
+
+
 def _table(src: RandomAccess, offset: int, count: int, entsize: int, fmt: str, what: str) -> list[tuple[Any, ...]]:
     """`count` fixed-size header entries at `offset`; ElfFormatError when they end past the file."""
     if not count:
@@ -81,7 +96,13 @@ def _table(src: RandomAccess, offset: int, count: int, entsize: int, fmt: str, w
 
 
 def section_bytes(src: RandomAccess, sec: Shdr) -> bytes:
-    """One section's bytes; ElfFormatError when the file holds fewer bytes than declared."""
+    """One section's bytes; ElfFormatError when the file holds fewer bytes than declared or the section
+    is larger than any reader reads (MAX_READ)."""
+    if sec.size > MAX_READ:
+        raise ElfFormatError(
+            f"malformed ELF: section {sec.number} (type {sec.type:#x}) claims {sec.size} bytes; "
+            f"expected at most {MAX_READ} for a dynamic table"
+        )
     data = src.read(sec.offset, sec.size)
     if len(data) != sec.size:
         raise ElfFormatError(f"truncated ELF: section needs {sec.size} bytes, file has {len(data)}")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ..errors import ElfFormatError
 from .sections import EHDR32, EHDR64
 from .symbols import dynamic_tags, dynsym_names, walk_versions
-from .types import ElfInfo, RandomAccess, machine_name
+from .types import MAX_READ, PHDR_SIZE, SHDR_SIZE, ElfInfo, RandomAccess, machine_name
 
 DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_SYMENT = 4, 5, 6, 10, 11
 DT_GNU_HASH, DT_VERSYM = 0x6FFFFEF5, 0x6FFFFFF0
@@ -50,10 +50,10 @@ def _read(src: RandomAccess, head: bytes) -> ElfInfo:
     if (
         e_type != 3
         or not phnum
-        or phentsize < (56 if is64 else 32)
+        or phentsize != PHDR_SIZE[is64]
         or phoff + phnum * phentsize > size
         or not shnum  # no section headers: pyelftools reads such objects differently
-        or shentsize < (64 if is64 else 40)
+        or shentsize != SHDR_SIZE[is64]
         or shoff + shnum * shentsize > size
         or not shstrndx < shnum
     ):
@@ -108,7 +108,7 @@ def _read(src: RandomAccess, head: bytes) -> ElfInfo:
 
 
 def _exact(src: RandomAccess, offset: int, n: int) -> bytes:
-    if n < 0:
+    if not 0 <= n <= MAX_READ:
         raise _Unusable
     data = src.read(offset, n)
     if len(data) != n:

@@ -1,0 +1,193 @@
+"""Hostile inputs of keel-audit built small on disk (sparse files, repeated deflate blocks, overlapping
+zip entries), and a runner that measures a keel-audit child's peak RSS (issue 26, item 6).
+
+Every builder writes into a folder the test gives (tmp_path) and allocates no more than a few MB;
+the inputs they describe are GBs once inflated or read whole.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import keel_audit
+
+GIB = 1 << 30
+MIB = 1 << 20
+RSS_LIMIT = GIB  # the bound issue 26 sets for every hostile input
+PT_DYNAMIC = 2
+
+
+def elf_header(
+    *,
+    phoff: int = 0,
+    phnum: int = 0,
+    shoff: int = 0,
+    shnum: int = 0,
+    shentsize: int = 64,
+    elf_class: int = 2,
+) -> bytes:
+    """A 64-bit little-endian ET_DYN x86-64 ELF header (`elf_class` 3 is an invalid class)."""
+    ident = struct.pack("<4sBBBBB7s", b"\x7fELF", elf_class, 1, 1, 0, 0, bytes(7))
+    return ident + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, phoff, shoff, 0, 64, 56, phnum, shentsize, shnum, 0)
+
+
+def fallback_bait(elf_class: int = 2) -> bytes:
+    """The first bytes of an object only the pyelftools fallback reads: no section headers, one
+    PT_DYNAMIC far past the end of the file (so the fallback fails: exit 2), the rest zeros.
+    With `elf_class` 3 the class is invalid (the odd-class path of the fallback)."""
+    phdr = struct.pack("<IIQQQQQQ", PT_DYNAMIC, 6, 1 << 40, 0, 0, 64, 64, 8)
+    return elf_header(phoff=64, phnum=1, elf_class=elf_class) + phdr
+
+
+def sparse_file(path: Path, head: bytes, size: int) -> Path:
+    """`head`, then a hole up to `size` bytes (nothing but the head is written to disk)."""
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.truncate(size)
+    return path
+
+
+@dataclass(frozen=True)
+class Deflated:
+    """One member's deflate stream and what it inflates to."""
+
+    data: bytes
+    size: int
+    crc: int
+
+
+def deflate_zeros(head: bytes, megabytes: int, pad: int = 0) -> Deflated:
+    """`head` then zeros, `megabytes` MiB of them, as a raw deflate stream built from one repeated
+    block: each 1 MiB of zeros is a full-flushed deflate block (about 1 KB); `pad` zero bytes in a
+    stored block after each keep the compression ratio below the wheel reader's zip-bomb bound."""
+    first = zlib.compressobj(9, zlib.DEFLATED, -15)
+    piece = first.compress(bytes(MIB)) + first.flush(zlib.Z_FULL_FLUSH)
+    opener = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head_piece = opener.compress(head + bytes(MIB - len(head))) + opener.flush(zlib.Z_FULL_FLUSH)
+    stored = b"\x00" + struct.pack("<HH", pad, pad ^ 0xFFFF) + bytes(pad) if pad else b""
+    zeros, padding = bytes(MIB), bytes(pad)
+    crc = zlib.crc32(padding, zlib.crc32(head + bytes(MIB - len(head))))
+    chunks = [head_piece, stored]
+    for _ in range(megabytes - 1):
+        chunks += [piece, stored]
+        crc = zlib.crc32(padding, zlib.crc32(zeros, crc))
+    chunks.append(b"\x03\x00")  # an empty final block
+    return Deflated(b"".join(chunks), megabytes * (MIB + pad), crc)
+
+
+def raw_zip(path: Path, members: list[tuple[str, Deflated]], central: list[tuple[str, int]] | None = None) -> Path:
+    """A zip of deflated `members`; `central` (name, index of the member whose local header the entry
+    points at) lists the central directory, by default one entry per member. Several entries naming
+    one local header are overlapping entries."""
+    offsets: list[int] = []
+    with open(path, "wb") as fh:
+        for name, member in members:
+            offsets.append(fh.tell())
+            raw = name.encode()
+            fh.write(
+                struct.pack(
+                    "<4sHHHHHIIIHH",
+                    b"PK\x03\x04",
+                    20,
+                    0,
+                    8,
+                    0,
+                    0x21,
+                    member.crc,
+                    len(member.data),
+                    member.size,
+                    len(raw),
+                    0,
+                )
+            )
+            fh.write(raw + member.data)
+        cd_at = fh.tell()
+        entries = central if central is not None else [(name, i) for i, (name, _) in enumerate(members)]
+        for name, index in entries:
+            member, raw = members[index][1], name.encode()
+            fh.write(
+                struct.pack(
+                    "<4sHHHHHHIIIHHHHHII",
+                    b"PK\x01\x02",
+                    (3 << 8) | 20,
+                    20,
+                    0,
+                    8,
+                    0,
+                    0x21,
+                    member.crc,
+                    len(member.data),
+                    member.size,
+                    len(raw),
+                    0,
+                    0,
+                    0,
+                    0,
+                    0o100644 << 16,
+                    offsets[index],
+                )
+                + raw
+            )
+        cd_size = fh.tell() - cd_at
+        fh.write(struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(entries), len(entries), cd_size, cd_at, 0))
+    return path
+
+
+@dataclass(frozen=True)
+class Run:
+    """A keel-audit child: exit code, stderr, peak RSS (bytes), whether it was killed at the bound."""
+
+    rc: int
+    stderr: str
+    peak_rss: int
+    killed: bool
+
+    def describe(self) -> str:
+        return (
+            f"exit {self.rc}, peak RSS {self.peak_rss / MIB:.0f} MiB{' (killed at the bound)' if self.killed else ''}"
+        )
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_audit(args: list[str], limit: int = RSS_LIMIT, timeout: float = 300.0) -> Run:
+    """`python -m keel_audit ARGS` in a child process, killed when its RSS passes `limit` (so a
+    regression fails the test instead of exhausting the machine); peak RSS from wait4's rusage."""
+    env = dict(os.environ)
+    root = str(Path(keel_audit.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keel_audit", *args], stdout=subprocess.DEVNULL, stderr=err, env=env
+        )
+        killed = False
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if not killed and (_rss(proc.pid) > limit or time.monotonic() > deadline):
+                proc.kill()
+                killed = True
+            time.sleep(0.01)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        text = err.read().decode("utf-8", "replace")
+    return Run(proc.returncode, text, usage.ru_maxrss * 1024, killed)
