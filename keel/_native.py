@@ -214,8 +214,12 @@ def cpu_isa_status() -> CpuIsaStatus:
     lib.keel_amx_reason_text.argtypes = [ctypes.c_int]
     lib.keel_amx_reason_text.restype = ctypes.c_char_p
     out = (ctypes.c_int * 4)()
-    if lib.keel_cpu_isa_status(out) != 0:
-        raise NativeLibraryError(f"keel: {path.name} refuses KEEL_CPU_ISA; expected one of {', '.join(CPU_ISA_LEVELS)}")
+    if lib.keel_cpu_isa_status(out) != 0:  # the library read an unknown level (at its first use)
+        check_cpu_isa_env()  # names the value when it is still in the environment
+        raise NativeLibraryError(
+            f"keel: {path.name} read an unknown KEEL_CPU_ISA level (the environment changed after import?); "
+            f"expected one of {', '.join(CPU_ISA_LEVELS)}"
+        )
     level, features, reason, errno = out
     text = "" if reason == 0 else (lib.keel_amx_reason_text(reason) or b"reason code %d" % reason).decode()
     if reason == 1:  # capped: say by which level
