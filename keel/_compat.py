@@ -40,8 +40,8 @@ def check(cond: Any, message: Callable[[], str]) -> None:
 
 def below_autograd() -> contextlib.AbstractContextManager[Any]:
     """A context that dispatches below the Autograd key (skips the Python autograd kernel of a
-    custom op when no gradient can flow: about 4 us of a 7 us call). Fallback: a no-op context,
-    so the call goes through autograd and gives the same result, slower."""
+    custom op when no gradient can flow: most of a small call's cost, docs/measurements/ops-overhead.md).
+    Fallback: a no-op context, so the call goes through autograd and gives the same result, slower."""
     guard = private(torch._C, "_AutoDispatchBelowAutograd")
     if guard is None:
         return contextlib.nullcontext()

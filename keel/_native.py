@@ -11,25 +11,17 @@ file, or the loader's own message (an unresolved symbol names the torch it expec
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from keel._oplist import KEEL_OPS
-
-# Oldest torch whose stable ABI the libraries use; builds target it (TORCH_TARGET_VERSION).
-TORCH_FLOOR = (2, 10)
-
-# Accepted values of KEEL_CPU_ISA (csrc/ops/cpu_isa.cpp reads it; unset means auto): each caps the CPU
-# kernels at a level (avx512: AVX-512 incl. BF16, no AMX); amx also requires AMX (an error at the first
-# bf16 prompt GEMM when the CPU or kernel lacks it). The vendored libraries read it too: avx512 and amx
-# mean their best (AVX-512) build.
-CPU_ISA_NAMES = ("auto", "base", "avx2", "avx512", "amx")
+from keel._settings import CPU_ISA_LEVELS, CpuIsaError, cpu_isa_level, torch_floor
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _loaded: dict[str, Path] = {}
@@ -64,27 +56,18 @@ def torch_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def check_cpu_isa_env() -> None:
-    """Refuse an unknown KEEL_CPU_ISA at import (the kernels would otherwise fail at first use)."""
-    value = os.environ.get("KEEL_CPU_ISA")
-    if value and value not in CPU_ISA_NAMES:
-        raise NativeLibraryError(
-            f"keel: KEEL_CPU_ISA={value!r} is not a known instruction set; expected one of "
-            f"{', '.join(CPU_ISA_NAMES)} (or unset for auto)"
-        )
+def check_cpu_isa_env() -> str:
+    """The KEEL_CPU_ISA level (keel._settings.cpu_isa_level); an unknown value is refused at import, before a
+    library loads (the kernels would otherwise fail at first use)."""
+    try:
+        return cpu_isa_level()
+    except CpuIsaError as exc:
+        raise NativeLibraryError(str(exc)) from exc
 
 
 def _floor() -> tuple[int, int]:
-    """The wheel's `torch>=` floor (written by keel's audit at build time), else TORCH_FLOOR."""
-    try:
-        for req in metadata.requires("keel") or ():
-            name, _, rest = req.partition(">=")
-            if name.strip() == "torch" and rest:
-                major, minor = rest.split(",")[0].strip().split(".")[:2]
-                return int(major), int(minor)
-    except (metadata.PackageNotFoundError, ValueError):
-        pass
-    return TORCH_FLOOR
+    """The wheel's `torch>=` floor, else TORCH_FLOOR (keel._settings.torch_floor)."""
+    return torch_floor()
 
 
 def _load_file(
@@ -191,3 +174,58 @@ def loaded_libraries() -> dict[str, Path]:
 def load_status(namespace: str = "keel") -> LoadStatus | None:
     """The LoadStatus of `namespace`'s libraries (None before they are loaded)."""
     return _status.get(namespace)
+
+
+# keel_cpu_isa_status's level codes (csrc/stable/cpu_isa_level.h CpuIsaLevel)
+_LEVEL_CODES = {0: "base", 1: "avx2", 2: "avx512", 3: "amx", 4: "auto"}
+
+
+@dataclass(frozen=True, slots=True)
+class CpuIsaStatus:
+    """What keel's CPU kernels run in this process, as keel's library answers it (keel_cpu_isa_status)."""
+
+    level: str  # the KEEL_CPU_ISA level the library read (one of keel._settings.CPU_ISA_LEVELS)
+    avx2: bool  # the AVX2+FMA+F16C build of the kernels (False: the baseline x86-64 build)
+    avx512: bool  # its AVX-512 F/BW/VL/DQ paths (keel::fp8_linear's e4m3 GEMV)
+    avx512bf16: bool  # its AVX-512 BF16 paths (keel::linear's bf16 GEMV)
+    amx: bool  # the AMX bf16 prompt GEMMs of keel::linear and keel::fp8_linear
+    amx_reason: str  # why not AMX, in the library's words ("" when amx)
+
+    @property
+    def build(self) -> str:
+        """base, avx2 or avx512 (both AVX-512 parts), or avx2 plus the one AVX-512 part this CPU has."""
+        if not self.avx2:
+            return "base"
+        if self.avx512 and self.avx512bf16:
+            return "avx512"
+        if self.avx512 or self.avx512bf16:
+            return "avx2 + AVX-512 " + ("F/BW/VL/DQ" if self.avx512 else "BF16")
+        return "avx2"
+
+
+def cpu_isa_status() -> CpuIsaStatus:
+    """Ask keel's CPU library (loaded by `load()`) what its kernels run: a C function of the library read with
+    ctypes, codes and the library's reason text, no message to parse. Asks Linux for the AMX tile permission
+    where AMX is allowed, as the first prompt GEMM would."""
+    path = load()["_C"]
+    lib = ctypes.CDLL(str(path))  # the library torch loaded: the same handle, the same process state
+    lib.keel_cpu_isa_status.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.keel_cpu_isa_status.restype = ctypes.c_int
+    lib.keel_amx_reason_text.argtypes = [ctypes.c_int]
+    lib.keel_amx_reason_text.restype = ctypes.c_char_p
+    out = (ctypes.c_int * 4)()
+    if lib.keel_cpu_isa_status(out) != 0:  # the library read an unknown level (at its first use)
+        check_cpu_isa_env()  # names the value when it is still in the environment
+        raise NativeLibraryError(
+            f"keel: {path.name} read an unknown KEEL_CPU_ISA level (the environment changed after import?); "
+            f"expected one of {', '.join(CPU_ISA_LEVELS)}"
+        )
+    level, features, reason, errno = out
+    text = "" if reason == 0 else (lib.keel_amx_reason_text(reason) or b"reason code %d" % reason).decode()
+    if reason == 1:  # capped: say by which level
+        text += f"={_LEVEL_CODES[level]}"
+    if errno:
+        text += f": {os.strerror(errno)}"
+    return CpuIsaStatus(
+        _LEVEL_CODES[level], bool(features & 1), bool(features & 2), bool(features & 4), bool(features & 8), text
+    )

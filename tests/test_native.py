@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +114,30 @@ def test_unknown_cpu_isa_refused(monkeypatch):
     for name in ("auto", "base", "avx2", "avx512", "amx"):
         monkeypatch.setenv("KEEL_CPU_ISA", name)
         _native.check_cpu_isa_env()
+
+
+def test_vendored_loader_refuses_an_unknown_cpu_isa(monkeypatch):
+    from keel.vendored import _loader
+
+    monkeypatch.setenv("KEEL_CPU_ISA", "avx9000")
+    with pytest.raises(
+        _loader.VendoredLibraryError,
+        match=r"keel\.vendored\.probe: keel: KEEL_CPU_ISA='avx9000' .* expected one of auto, base, avx2, avx512, amx",
+    ):
+        _loader.load_vendored("probe", "keel_probe", [])
+
+
+def test_one_torch_floor():
+    """TORCH_FLOOR is written once (keel/_settings.py); the build's default target is that floor."""
+    from keel import _settings
+
+    root = Path(__file__).resolve().parents[1]
+    owners = [
+        str(p.relative_to(root))
+        for p in root.glob("keel/**/*.py")
+        if re.search(r"^\s*TORCH_FLOOR\s*=", p.read_text(), re.M)
+    ]
+    assert owners == ["keel/_settings.py"], owners
+    floor = ".".join(map(str, _settings.TORCH_FLOOR))
+    assert f'os.environ.get("KEEL_TORCH_TARGET", "{floor}")' in (root / "setup.py").read_text()
+    assert f'set(KEEL_TORCH_TARGET "{floor}"' in (root / "CMakeLists.txt").read_text()

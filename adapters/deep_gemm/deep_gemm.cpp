@@ -3,8 +3,6 @@
 // fork's TensorView, narrow the widened ints back to the fork's `int` (range-checked), rebuild
 // upstream's pairs and tuple, and call the fork. The fork's errors (deep_gemm::...) come back as
 // keel_deep_gemm::... errors. Compiled into both libraries (CUDA twin: -DKEEL_CUDA_LIBRARY).
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -15,6 +13,7 @@
 #include "csrc/apis/runtime.hpp"
 #include "csrc/utils/exception.hpp"
 #include "stable/alloc.h"
+#include "stable/cpu_isa_level.h"
 #include "stable/device.h"
 #include "stable/parallel.h"
 
@@ -26,20 +25,22 @@ void keel_parallel_for(int64_t n, int64_t grain, void* ctx, void (*body)(void*, 
   keel::parallel_for(n, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
 }
 
-// KEEL_CPU_ISA=base|avx2 caps the fork's CPU build as it caps keel's own kernels; avx512, amx (the fork has
-// no AMX kernels), auto or unset: its best build
-dg::CpuIsa isa_cap_from_env() {
-  const char* forced = std::getenv("KEEL_CPU_ISA");
-  if (forced && std::strcmp(forced, "base") == 0) return dg::CpuIsa::kBase;
-  if (forced && std::strcmp(forced, "avx2") == 0) return dg::CpuIsa::kAVX2;
-  return dg::CpuIsa::kAVX512;
-}
-
 [[maybe_unused]] const bool installed = [] {
   dg::set_parallel_for(&keel_parallel_for);
-  dg::set_max_cpu_isa(isa_cap_from_env());
   return true;
 }();
+
+// The fork's CPU build cap from KEEL_CPU_ISA (stable/cpu_isa_level.h, as keel's own kernels), once, before the
+// first call into the fork: base and avx2 cap it there; avx512, amx (the fork has no AMX kernels) and auto
+// leave its best (AVX-512) build. An unknown value is an error naming KEEL_CPU_ISA (at the op, not at load).
+void install_isa_cap() {
+  static const bool done = [] {
+    const int cap = keel::cpu_isa_cap();  // 0 base, 1 avx2, 2 avx512, 3 amx (and auto)
+    dg::set_max_cpu_isa(cap <= 0 ? dg::CpuIsa::kBase : cap == 1 ? dg::CpuIsa::kAVX2 : dg::CpuIsa::kAVX512);
+    return true;
+  }();
+  (void)done;
+}
 
 dg::DType fork_dtype(const Tensor& t) {
   static const int32_t fp8 = aoti_torch_dtype_float8_e4m3fn();
@@ -79,6 +80,7 @@ std::optional<dg::TensorView> view(const char* op, const char* arg, const std::o
 // Runs a call into the fork; its DGException ("deep_gemm::op: ...") becomes "keel_deep_gemm::op: ..."
 template <typename F>
 void call_fork(const F& f) {
+  install_isa_cap();
   try {
     f();
   } catch (const dg::DGException& e) {

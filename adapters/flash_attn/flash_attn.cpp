@@ -3,8 +3,6 @@
 // (range-checked) to the fork's `int` / `float`, the window pair rebuilt, then the fork's
 // upstream-shaped API. The fork's own errors come back prefixed with the op name. Compiled into
 // both libraries: the CUDA twin (-DKEEL_CUDA_LIBRARY) passes device tensors and the current stream.
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <tuple>
@@ -14,6 +12,7 @@
 #include "src/flash_api.h"
 #include "stable/alloc.h"
 #include "stable/check.h"
+#include "stable/cpu_isa_level.h"
 #include "stable/device.h"
 #include "stable/library.h"
 #include "stable/parallel.h"
@@ -29,14 +28,16 @@ void pool_for(int64_t n, int64_t grain, void* ctx, flash::ParallelBody body) {
   keel::parallel_for(n, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
 }
 
-// Once per process: the hook, and the CPU build cap from KEEL_CPU_ISA (base | avx2), as keel's ops; avx512 and
-// amx (the fork has no AMX kernels) leave its best build, as auto does.
+// Once per process: the hook, and the CPU build cap from KEEL_CPU_ISA (stable/cpu_isa_level.h, as keel's own
+// kernels): base and avx2 cap the fork there; avx512, amx (the fork has no AMX kernels) and auto leave its best
+// (AVX-512) build. An unknown value is an error naming KEEL_CPU_ISA (retried, and refused, at every call).
 void install() {
   static const bool done = [] {
+    const int cap = keel::cpu_isa_cap();  // 0 base, 1 avx2, 2 avx512, 3 amx (and auto)
     flash::set_parallel_for(&pool_for, static_cast<int>(torch::stable::get_num_threads()));
-    const char* forced = std::getenv("KEEL_CPU_ISA");
-    if (forced && std::strcmp(forced, "base") == 0) flash::set_cpu_isa_limit(flash::CpuIsa::kBase);
-    if (forced && std::strcmp(forced, "avx2") == 0) flash::set_cpu_isa_limit(flash::CpuIsa::kAvx2);
+    flash::set_cpu_isa_limit(cap <= 0   ? flash::CpuIsa::kBase
+                             : cap == 1 ? flash::CpuIsa::kAvx2
+                                        : flash::CpuIsa::kAvx512);
     return true;
   }();
   (void)done;

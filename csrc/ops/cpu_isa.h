@@ -23,6 +23,7 @@ bool cpu_has_avx512();
 // granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process): the
 // bf16 prompt GEMMs of keel::linear and keel::fp8_linear. KEEL_CPU_ISA=avx512 (or lower) turns it off;
 // KEEL_CPU_ISA=amx makes a missing AMX an error (std::runtime_error naming the reason) instead of false.
+// Every cpu_has_* throws std::runtime_error for an unknown KEEL_CPU_ISA (stable/cpu_isa_level.h).
 bool cpu_has_amx();
 
 // Declares `fn(params, begin, end)` in both ISA namespaces plus a dispatcher keel::cpu::fn.

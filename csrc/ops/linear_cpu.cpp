@@ -2,7 +2,7 @@
 // CPU kernel of keel::linear for few rows (compiled once per ISA, no torch header).
 // Each weight row is read front to back, once for all m rows: one sequential stream that the
 // hardware prefetcher follows, plus a software prefetch 8 KB ahead (how it compares with oneDNN's
-// prepacked GEMV is measured in the README, not here). Up to 4 x rows share each weight load (more rows loop
+// prepacked GEMV: docs/generation.md, cpu_prepack). Up to 4 x rows share each weight load (more rows loop
 // over groups of 4, re-reading the row from L1), with KU independent accumulators per row.
 //   AVX2 build: GCC vector extensions (ymm FMA; bf16 -> fp32 is a 16-bit shift); the baseline build
 //     gets the same code as SSE pairs.
@@ -28,8 +28,8 @@ typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
 constexpr int64_t kPrefetchBytes = 8192;  // how far ahead of the current weight column to prefetch
-// decode (AVX512-BF16) also asks for the lines 32 KB ahead into the outer caches (prefetcht2): on a 2-core
-// Xeon (SPR class) a token's SmolLM2 projections took 0.9x the time with it (scripts/bench_projections.py)
+// decode (AVX512-BF16) also asks for the lines 32 KB ahead into the outer caches (prefetcht2): a token's
+// projections with cold weights are faster with it (scripts/bench/projections.py; docs/measurements/llamacpp.md)
 constexpr int64_t kFarPrefetchBytes = 32768;
 
 KEEL_KINLINE f32x8 load8(const float* p) {

@@ -28,9 +28,27 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-TORCH_FLOOR = (2, 10)  # keel/_native.py's floor, used when the wheel's metadata does not say
+
+def _load_settings() -> ModuleType:
+    """keel/_settings.py (the torch floor, the KEEL_CPU_ISA levels; it imports only the standard library):
+    imported when this module runs as keel.cli.doctor, loaded by file path when it runs by path."""
+    if __package__:  # keel.cli: `import keel` worked
+        from keel import _settings
+
+        return _settings
+    path = Path(__file__).resolve().parents[1] / "_settings.py"
+    spec = importlib.util.spec_from_file_location("_keel_settings", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"keel doctor: cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_settings = _load_settings()
 _NVCC_IDENT = re.compile(rb"Cuda compilation tools, release (\d+)\.(\d+)")
 
 
@@ -52,7 +70,7 @@ class Report:
     torch_version: str | None = None
     torch_cuda: str | None = None
     torch_error: str = ""
-    torch_floor: tuple[int, int] = TORCH_FLOOR
+    torch_floor: tuple[int, int] = _settings.TORCH_FLOOR
     preflight: str = ""  # one line: what the preflight said, or why it did not run
     driver_cuda: tuple[int, int] | None = None  # the CUDA version the driver supports
     driver_note: str = ""
@@ -76,14 +94,9 @@ def _keel_dir() -> Path | None:
 
 
 def _floor() -> tuple[int, int]:
-    try:
-        for req in metadata.requires("keel") or ():
-            m = re.match(r"^torch\s*>=\s*(\d+)\.(\d+)", req)
-            if m:
-                return int(m.group(1)), int(m.group(2))
-    except metadata.PackageNotFoundError:
-        pass
-    return TORCH_FLOOR
+    """The installed wheel's torch floor, else keel's (keel/_settings.py torch_floor)."""
+    floor: tuple[int, int] = _settings.torch_floor()
+    return floor
 
 
 def _driver() -> tuple[tuple[int, int] | None, str]:
@@ -256,50 +269,63 @@ def gather(load: bool = True) -> Report:
                 )
             )
     report.cpu_flags = _cpu_flags()
-    forced = os.environ.get("KEEL_CPU_ISA")
+    try:
+        level = _settings.cpu_isa_level()
+    except _settings.CpuIsaError as exc:
+        report.problems.append(
+            (str(exc), f"unset KEEL_CPU_ISA or set it to one of {', '.join(_settings.CPU_ISA_LEVELS)}")
+        )
+        level = None
     isa = _cpu_isa(report) if load else "not asked (--no-load: keel's libraries were not loaded)"
-    report.cpu_isa = isa + (f" (KEEL_CPU_ISA={forced})" if forced else "")
+    report.cpu_isa = isa + (f" (KEEL_CPU_ISA={level})" if level and level != "auto" else "")
     report.caches = _caches()
     return report
 
 
+# keel's library answers in a fresh process (keel._native.cpu_isa_status: codes and the library's reason
+# text, read with ctypes), and the vendored flash_attn's build (its cpu_isa op)
+_ISA_PROBE = (
+    "import json, keel\n"
+    "from keel._native import cpu_isa_status\n"
+    "from keel.vendored.flash_attn import cpu_isa\n"
+    "s = cpu_isa_status()\n"
+    "print(json.dumps({'build': s.build, 'amx': s.amx, 'amx_reason': s.amx_reason, 'flash_attn': cpu_isa()}))\n"
+)
+
+
+def _ask_isa() -> dict[str, Any]:
+    """What keel's CPU kernels run in a process of this environment, as the library says; RuntimeError with
+    the child's last line when it could not answer."""
+    done = subprocess.run([sys.executable, "-c", _ISA_PROBE], capture_output=True, text=True, cwd="/")
+    if done.returncode != 0 or not done.stdout.strip():
+        err = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise RuntimeError(err[-200:])
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def _amx_text(answer: dict[str, Any]) -> str:
+    return "AMX" if answer["amx"] else f"no AMX ({answer['amx_reason']})"
+
+
 def _cpu_isa(report: Report) -> str:
-    """The build of the CPU kernels keel's ops run (asked from the loaded library when keel imports)."""
+    """The build of the CPU kernels keel's ops run, whether their bf16/FP8 prompt GEMMs run on AMX (and why not),
+    and the vendored flash_attn's build: asked from the loaded libraries."""
     if not report.torch_version or report.problems:
         return "unknown (keel's libraries are not loadable)"
-    done = subprocess.run(
-        [sys.executable, "-c", "from keel.vendored.flash_attn import cpu_isa; print(cpu_isa())"],
-        capture_output=True,
-        text=True,
-        cwd="/",  # not a source checkout's keel/
-    )
-    if done.returncode == 0 and done.stdout.strip():
-        return f"{done.stdout.strip()}; bf16/FP8 prompt GEMMs: {_amx_state()}"
-    err = (done.stderr.strip().splitlines() or ["?"])[-1]
-    return f"unknown (asking keel failed: {err[-200:]})"
-
-
-# KEEL_CPU_ISA=amx makes keel's prompt GEMM raise (naming the reason) where AMX is not usable
-_AMX_PROBE = "import torch, keel\nx = torch.zeros(16, 32, dtype=torch.bfloat16)\nkeel.ops.linear(x, x, None)\n"
+    try:
+        answer = _ask_isa()
+    except RuntimeError as exc:
+        return f"unknown (asking keel failed: {exc})"
+    return f"{answer['build']}; bf16/FP8 prompt GEMMs: {_amx_text(answer)}; vendored flash_attn: {answer['flash_attn']}"
 
 
 def _amx_state() -> str:
-    """Whether keel's AMX prompt kernels run in a process of this environment (asked from the library)."""
-    forced = os.environ.get("KEEL_CPU_ISA") or "auto"
-    if forced not in ("auto", "amx"):
-        return f"no AMX (capped by KEEL_CPU_ISA={forced})"
-    done = subprocess.run(
-        [sys.executable, "-c", _AMX_PROBE],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        env={**os.environ, "KEEL_CPU_ISA": "amx"},
-    )
-    if done.returncode == 0:
-        return "AMX"
-    err = (done.stderr.strip().splitlines() or ["?"])[-1]
-    reason = err.split("AMX is not usable in this process: ")[-1]
-    return f"no AMX ({reason[-200:]})"
+    """Whether keel's AMX prompt kernels run in a process of this environment ("AMX", or "no AMX (reason)")."""
+    try:
+        return _amx_text(_ask_isa())
+    except RuntimeError as exc:
+        return f"unknown (asking keel failed: {exc})"
 
 
 def _caches() -> dict[str, str]:

@@ -25,23 +25,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cache-dir", metavar="DIR", help="keel's model cache folder (default: KEEL_CACHE or ~/.cache/keel/hub)"
     )
     fetch.add_argument("--force", action="store_true", help="convert and install again even if already installed")
-    fetch.add_argument(
-        "--remove-legacy",
-        action="store_true",
-        help="also delete the conversion older keel releases put into the Hugging Face cache under "
-        "HuggingFaceTB/SmolLM2-135M-Instruct (only snapshots keel made; upstream files stay)",
-    )
     fetch.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     fetch.set_defaults(func=_fetch_demo)
     models.set_defaults(func=lambda args: models.print_help() or 2)
 
 
 def _fetch_demo(args: argparse.Namespace) -> int:
-    from keel.gguf.install import GGUFError, fetch_demo, remove_legacy
+    from keel.gguf.install import GGUFError, fetch_demo
 
     try:
         result = fetch_demo(gguf=args.gguf, cache_dir=args.cache_dir, force=args.force, dtype=args.dtype)
-        removed = remove_legacy() if args.remove_legacy else []
     except (GGUFError, RuntimeError, OSError, ValueError) as exc:
         print(f"keel models fetch-demo: {exc}", file=sys.stderr)
         return 1
@@ -49,8 +42,6 @@ def _fetch_demo(args: argparse.Namespace) -> int:
         print(f"installed {result.repo_id} (revision {result.revision[:12]}) at {result.snapshot}")
     else:
         print(f"{result.repo_id} is already installed at {result.snapshot} (use --force to convert again)")
-    for path in removed:
-        print(f"removed keel's legacy conversion {path} from the Hugging Face cache")
     env = f"KEEL_CACHE={args.cache_dir} " if args.cache_dir else ""
     model = "" if result.repo_id == DEFAULT_MODEL else f" --model {result.repo_id}"
     prompt = '--prompt "What is the capital of France?"'

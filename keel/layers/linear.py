@@ -43,7 +43,7 @@ class PackedLinear(nn.Module):
 
     Few rows go to keel's GEMV, which streams the plain weight faster than oneDNN's prepacked kernel does
     at decode sizes; prompts go to oneDNN, which reorders the weight for its blocked GEMM (the crossover
-    measured on SmolLM2-135M is in the README's "Generating text"). The cost is both copies of the weight
+    measured on SmolLM2-135M: docs/generation.md, cpu_prepack). The cost is both copies of the weight
     in memory. The oneDNN ops are private torch API (keel._compat): where this torch lacks them, prefill
     runs `F.linear` on the plain weight."""
 

@@ -227,9 +227,9 @@ _scratch = threading.local()
 def _as_float32(logits: torch.Tensor) -> torch.Tensor:
     """The logits in float32 for the steps below, which change them in place. A half-precision CPU input
     is converted into this thread's buffer of its shape, reused from call to call: a fresh [B, V] float32
-    tensor each step is fresh memory from the OS each step (page faults: about 100 us a decode step for a
-    49152-token vocabulary in the engine, against 7 us for the conversion). The buffer lives only within
-    a call: nothing `sample` returns refers to it."""
+    tensor each step is fresh memory from the OS each step (page faults that cost more than the conversion:
+    docs/measurements/decode-overhead.md). The buffer lives only within a call: nothing `sample` returns
+    refers to it."""
     if logits.dtype == torch.float32 or logits.device.type != "cpu":
         return logits.float()
     buf = getattr(_scratch, "logits", None)
@@ -241,7 +241,8 @@ def _as_float32(logits: torch.Tensor) -> torch.Tensor:
 def greedy(logits: torch.Tensor) -> list[int]:
     """Each row's argmax of float32 logits [B, V]: the first index of the largest value, a NaN counting as
     the largest (torch.argmax's rule). On the CPU through numpy, whose vectorized argmax follows the same
-    rule and is several times faster than torch's over a vocabulary-wide row; elsewhere torch.argmax."""
+    rule and is faster than torch's over a vocabulary-wide row (docs/measurements/decode-overhead.md);
+    elsewhere torch.argmax."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return logits.detach().numpy().argmax(axis=-1).tolist()
     return logits.argmax(dim=-1).tolist()

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from keel import _native
+from keel._settings import CpuIsaError, cpu_isa_level
 
 _DIR = Path(__file__).resolve().parent
 _loaded: dict[str, VendoredLibrary] = {}
@@ -39,6 +40,10 @@ def load_vendored(name: str, namespace: str, ops: list[str], directory: Path | N
     op names of `namespace` that get a clear CUDA error when the twin cannot load."""
     if name in _loaded:
         return _loaded[name]
+    try:
+        cpu_isa_level()  # the level the adapter passes into the fork (csrc/stable/cpu_isa_level.h reads the same)
+    except CpuIsaError as exc:
+        raise VendoredLibraryError(f"keel.vendored.{name}: {exc}") from exc
     floor = _native._floor()
     if _native.torch_version() < floor:
         raise VendoredLibraryError(

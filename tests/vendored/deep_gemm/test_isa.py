@@ -1,5 +1,6 @@
-"""Every CPU build of the fork's kernel (base, AVX2, AVX-512) is correct; KEEL_CPU_ISA=base|avx2 caps
-the choice through the adapter as it does for keel's own ops (each run in its own process)."""
+"""Every CPU build of the fork's kernel (base, AVX2, AVX-512) is correct; KEEL_CPU_ISA caps the choice through
+the adapter as it does for keel's own ops (each level run in its own process): base and avx2 cap it there,
+avx512, amx (the fork has no AMX kernels) and auto run its best build (the table in docs/ops.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def best_build(flags: set[str]) -> str:
 def expected_runs(flags: set[str]) -> dict[str, str]:
     """KEEL_CPU_ISA value -> the build that must run: a cap above what the CPU has falls back to the best."""
     best = best_build(flags)
-    return {"base": "base", "avx2": "base" if best == "base" else "avx2", "auto": best}
+    avx2 = "base" if best == "base" else "avx2"
+    return {"base": "base", "avx2": avx2, "avx512": best, "amx": best, "auto": best}
 
 
 def _run(isa: str, cwd) -> str:
@@ -78,6 +80,12 @@ def test_every_isa_build_is_correct_and_selected(tmp_path):
 def test_base_and_avx2_are_checked_on_cpus_without_avx512_bf16():
     # an AVX2 CPU without AVX-512 BF16 (most of them) checks both of its builds, a baseline CPU its one
     avx2_only = {"sse2", *AVX2, "avx512f", "avx512bw", "avx512vl", "avx512dq"}
-    assert expected_runs(avx2_only) == {"base": "base", "avx2": "avx2", "auto": "avx2"}
-    assert expected_runs({"sse2"}) == {"base": "base", "avx2": "base", "auto": "base"}
-    assert expected_runs(AVX512) == {"base": "base", "avx2": "avx2", "auto": "avx512"}
+    assert expected_runs(avx2_only) == {"base": "base", "avx2": "avx2", "avx512": "avx2", "amx": "avx2", "auto": "avx2"}
+    assert expected_runs({"sse2"}) == {"base": "base", "avx2": "base", "avx512": "base", "amx": "base", "auto": "base"}
+    assert expected_runs(AVX512) == {
+        "base": "base",
+        "avx2": "avx2",
+        "avx512": "avx512",
+        "amx": "avx512",
+        "auto": "avx512",
+    }
