@@ -19,6 +19,7 @@
 #include "../block_info.h"
 #include "../flash_api.h"
 #include "flash_fwd_cuda.h"
+#include "online_softmax.h"
 
 namespace flash {
 // a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
@@ -48,8 +49,9 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
   return __float2half_rn(v);
 }
 
+// NaN-propagating (nan_max), so a NaN score reaches every lane's running max
 __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(kFull, v, o));
   return v;
 }
 __device__ __forceinline__ float warp_sum(float v) {
@@ -145,9 +147,9 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const Flash_fwd_
       for (int c = 0; c < d; ++c) dot += q_s[warp][c] * to_float(kr[c]);
       s = p.softcap > 0.f ? p.scale_softmax * tanhf(dot * p.softcap) : dot * p.scale_softmax;
     }
-    const float m_new = fmaxf(m, warp_max(s));  // finite unless every key so far was skipped
-    const float alpha = m == -INFINITY ? 0.f : __expf(m - m_new);
-    const float pj = s > -INFINITY ? __expf(s - m_new) : 0.f;
+    // online_softmax.h: a NaN (or +inf) score makes this row NaN, as on the CPU and in torch's SDPA
+    const SoftmaxStep st = softmax_step(m, warp_max(s), s);
+    const float alpha = st.alpha, m_new = st.m_new, pj = st.p;
     l = l * alpha + warp_sum(pj);
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) acc[t] *= alpha;
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const Flash_fwd_
     m = m_new;
   }
 
-  const float inv = l > 0.f ? 1.f / l : 0.f;  // no visible key: 0, as upstream
+  const float inv = softmax_final_scale(l);  // no visible key: 0, as upstream; NaN stays NaN
   T* out = static_cast<T*>(p.o_ptr) + seq.o_off + int64_t(i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
 #pragma unroll
   for (int t = 0; t < kPerLane; ++t) {
