@@ -62,6 +62,14 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// Grid of a kernel that loops over its rows (or elements) with a grid stride: at most kMaxGridBlocks blocks,
+// so a row count above CUDA's grid limit (2^31 - 1 blocks) cannot wrap around in a cast to unsigned; rows
+// past the grid are taken by the same blocks in later turns. 2^20 blocks keep every SM busy.
+constexpr int64_t kMaxGridBlocks = int64_t(1) << 20;
+inline unsigned grid_blocks(int64_t rows) {
+  return static_cast<unsigned>(rows < kMaxGridBlocks ? (rows > 0 ? rows : 1) : kMaxGridBlocks);
+}
+
 // Throws with the op's name when the launch failed.
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();

@@ -21,15 +21,16 @@ __device__ void copy_side(const CacheSide& s, int64_t t, int64_t block, int64_t 
 
 template <typename T>
 __global__ void reshape_and_cache_kernel(ReshapeAndCacheParams p) {
-  const int64_t t = blockIdx.x;
-  const int64_t slot = p.slots[t * p.slot_stride];
-  KEEL_DEVICE_CHECK(slot >= -1 && slot < p.capacity,
-                    "keel::reshape_and_cache: a slot_mapping entry is outside the cache's slots (-1 marks padding)");
-  if (slot < 0) return;
-  const int64_t block = slot / p.block_size;
-  const int64_t offset = slot - block * p.block_size;
-  copy_side<T>(p.key, t, block, offset, p.kv_heads, p.head_size);
-  copy_side<T>(p.value, t, block, offset, p.kv_heads, p.head_size);
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {  // a grid stride (cuda::grid_blocks)
+    const int64_t slot = p.slots[t * p.slot_stride];
+    KEEL_DEVICE_CHECK(slot >= -1 && slot < p.capacity,
+                      "keel::reshape_and_cache: a slot_mapping entry is outside the cache's slots (-1 marks padding)");
+    if (slot < 0) continue;  // padding
+    const int64_t block = slot / p.block_size;
+    const int64_t offset = slot - block * p.block_size;
+    copy_side<T>(p.key, t, block, offset, p.kv_heads, p.head_size);
+    copy_side<T>(p.value, t, block, offset, p.kv_heads, p.head_size);
+  }
 }
 
 }  // namespace reshape_and_cache_detail
@@ -37,7 +38,7 @@ using namespace reshape_and_cache_detail;  // the launchers below
 
 void reshape_and_cache_cuda(const ReshapeAndCacheParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  const auto blocks = static_cast<unsigned>(p.num_tokens);
+  const unsigned blocks = cuda::grid_blocks(p.num_tokens);
   const int threads = 128;
   switch (p.element_size) {
     case 2:

@@ -10,8 +10,7 @@ namespace keel {
 namespace rms_norm_detail {
 
 template <typename T>
-__global__ void rms_norm_kernel(RmsNormParams p) {
-  const int64_t r = blockIdx.x;
+__device__ __forceinline__ void rms_norm_row(const RmsNormParams& p, int64_t r) {
   const T* x = static_cast<const T*>(p.x) + row_offset(p.x_rows, r);
   T* out = static_cast<T*>(p.out) + row_offset(p.out_rows, r);
   T* res = p.residual ? static_cast<T*>(p.residual) + row_offset(p.res_rows, r) : nullptr;
@@ -34,6 +33,12 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
   }
 }
 
+template <typename T>
+__global__ void rms_norm_kernel(RmsNormParams p) {
+  // a grid stride over rows (cuda::grid_blocks); r is uniform over the block, so block_sum's barriers are too
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) rms_norm_row<T>(p, r);
+}
+
 }  // namespace rms_norm_detail
 using namespace rms_norm_detail;  // the launchers below
 
@@ -41,7 +46,7 @@ void rms_norm_cuda(const RmsNormParams& p, void* stream) {
   const int threads = p.hidden >= 1024 ? 1024 : (p.hidden >= 256 ? 256 : 128);
   cuda::dispatch_float(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    rms_norm_kernel<T><<<static_cast<unsigned>(p.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    rms_norm_kernel<T><<<cuda::grid_blocks(p.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   });
   cuda::check_launch(p.residual ? "keel::fused_add_rms_norm" : "keel::rms_norm");
 }

@@ -10,13 +10,14 @@ namespace silu_and_mul_detail {
 
 template <typename T>
 __global__ void silu_and_mul_kernel(SiluAndMulParams p) {
-  const int64_t r = blockIdx.x;
-  const T* x = static_cast<const T*>(p.x) + row_offset(p.x_rows, r);
-  T* out = static_cast<T*>(p.out) + r * p.d;
-  for (int64_t i = threadIdx.x; i < p.d; i += blockDim.x) {
-    const float g = cuda::load(x + i * p.x_col);
-    const float u = cuda::load(x + (p.d + i) * p.x_col);
-    cuda::store(out + i, cuda::round_to<T>(g / (1.0f + expf(-g))) * u);
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {  // a grid stride (cuda::grid_blocks)
+    const T* x = static_cast<const T*>(p.x) + row_offset(p.x_rows, r);
+    T* out = static_cast<T*>(p.out) + r * p.d;
+    for (int64_t i = threadIdx.x; i < p.d; i += blockDim.x) {
+      const float g = cuda::load(x + i * p.x_col);
+      const float u = cuda::load(x + (p.d + i) * p.x_col);
+      cuda::store(out + i, cuda::round_to<T>(g / (1.0f + expf(-g))) * u);
+    }
   }
 }
 
@@ -27,7 +28,7 @@ void silu_and_mul_cuda(const SiluAndMulParams& p, void* stream) {
   const int threads = p.d >= 1024 ? 1024 : 256;
   cuda::dispatch_float(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    silu_and_mul_kernel<T><<<static_cast<unsigned>(p.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    silu_and_mul_kernel<T><<<cuda::grid_blocks(p.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   });
   cuda::check_launch("keel::silu_and_mul");
 }
