@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 def _with_bad(m: int, k: int, bad: float) -> torch.Tensor:
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + k))
-    x[1, 5] = bad
+    x[0, 5] = bad
     x[m - 1, k - 1] = -bad
     return x
 
@@ -45,7 +45,8 @@ def test_fp8_gemm_nonfinite_as_cpu(m, bad):
     assert want[0].isnan().all()
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
     fin = want.isfinite()
-    assert dg.calc_diff(got[fin], want[fin]) < 1e-9
+    if fin.any():  # m = 1: the one row holds the NaN byte
+        assert dg.calc_diff(got[fin], want[fin]) < 1e-9
 
 
 def test_bf16_gemm_nonfinite_as_cpu():
