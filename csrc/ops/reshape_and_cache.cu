@@ -12,6 +12,18 @@ template <typename T>
 __device__ void copy_side(const CacheSide& s, int64_t t, int64_t block, int64_t offset, int64_t heads, int64_t d) {
   const T* src = static_cast<const T*>(s.src) + t * s.src_t;
   T* dst = static_cast<T*>(s.cache) + block * s.c_b + offset * s.c_s;
+  // 16-byte copies when each head's row is contiguous and every head starts 16-byte aligned (uniform per block)
+  constexpr int V = cuda::Vec16<T>::n;
+  if (s.src_d == 1 && s.c_d == 1 && d % V == 0 && s.src_h % V == 0 && s.c_h % V == 0 && cuda::aligned16(src) &&
+      cuda::aligned16(dst)) {
+    const int64_t per_head = d / V;
+    for (int64_t j = threadIdx.x; j < heads * per_head; j += blockDim.x) {
+      const int64_t h = j / per_head;
+      const int64_t i = (j - h * per_head) * V;
+      cuda::store16(dst + h * s.c_h + i, cuda::load16(src + h * s.src_h + i));
+    }
+    return;
+  }
   for (int64_t j = threadIdx.x; j < heads * d; j += blockDim.x) {
     const int64_t h = j / d;
     const int64_t i = j - h * d;

@@ -152,3 +152,32 @@ def test_silu_and_mul_and_rms_norm_unaligned(dtype, d, offset):
     assert_rounded_like(ops.silu_and_mul(x.cuda()[:, offset:]).cpu(), ops.silu_and_mul(view), dtype, max_ulps=3)
     w = torch.randn(2 * d).to(dtype)
     assert_rounded_like(ops.rms_norm(x.cuda()[:, offset:], w.cuda(), 1e-6).cpu(), ops.rms_norm(view, w, 1e-6), dtype, 3)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_reshape_and_cache_vector_and_scalar_copies(offset):
+    """Aligned heads take the 16-byte copies, heads one element off take the element copies: the same bits."""
+    big = torch.randn(5, 2, 17).to(torch.bfloat16)
+    key = big[:, :, offset : offset + 16]
+    kc = torch.zeros(2, 4, 2, 16, dtype=torch.bfloat16, device="cuda")
+    vc = torch.zeros_like(kc)
+    slots = torch.tensor([0, 5, 7, -1, 2])
+    ops.reshape_and_cache(big.cuda()[:, :, offset : offset + 16], big.cuda()[:, :, offset : offset + 16], kc, vc,
+                          slots.cuda())  # fmt: skip
+    kc_cpu, vc_cpu = torch.zeros(2, 4, 2, 16, dtype=torch.bfloat16), torch.zeros(2, 4, 2, 16, dtype=torch.bfloat16)
+    ops.reshape_and_cache(key, key, kc_cpu, vc_cpu, slots)
+    assert torch.equal(kc.cpu().view(torch.int16), kc_cpu.view(torch.int16))
+    assert torch.equal(vc.cpu().view(torch.int16), vc_cpu.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_nonfinite(dtype):
+    # NaN and infinities only (as tests/ops/test_nonfinite.py): where a sum overflows depends on its order
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(20, 24, generator=g), torch.randn(16, 24, generator=g).to(dtype)
+    x.view(-1)[torch.randperm(480, generator=g)[:9]] = torch.tensor([float("nan"), float("inf"), float("-inf")] * 3)
+    x = x.to(dtype)
+    got = ops.linear(x.cuda(), w.cuda(), None).cpu()
+    want = torch.nn.functional.linear(x.double(), w.double())
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isinf(), want.to(dtype).isinf())
