@@ -78,9 +78,11 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 using namespace rms_norm_detail;  // the launchers below
 
 void rms_norm_cuda(const RmsNormParams& p, void* stream) {
-  const int threads = p.hidden >= 1024 ? 1024 : (p.hidden >= 256 ? 256 : 128);
   cuda::dispatch_float(p.dtype, [&](auto tag) {
     using T = decltype(tag);
+    // threads for the elements each row takes in 16-byte vectors (contiguous rows), or one by one
+    const int64_t work = p.x_col == 1 ? (p.hidden + cuda::Vec16<T>::n - 1) / cuda::Vec16<T>::n : p.hidden;
+    const int threads = work >= 1024 ? 1024 : (work >= 256 ? 256 : 128);
     rms_norm_kernel<T><<<cuda::grid_blocks(p.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   });
   cuda::check_launch(p.residual ? "keel::fused_add_rms_norm" : "keel::rms_norm");

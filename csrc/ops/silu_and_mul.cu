@@ -41,9 +41,10 @@ __global__ void silu_and_mul_kernel(SiluAndMulParams p) {
 using namespace silu_and_mul_detail;  // the launchers below
 
 void silu_and_mul_cuda(const SiluAndMulParams& p, void* stream) {
-  const int threads = p.d >= 1024 ? 1024 : 256;
   cuda::dispatch_float(p.dtype, [&](auto tag) {
     using T = decltype(tag);
+    const int64_t work = p.x_col == 1 ? (p.d + cuda::Vec16<T>::n - 1) / cuda::Vec16<T>::n : p.d;
+    const int threads = work >= 1024 ? 1024 : 256;
     silu_and_mul_kernel<T><<<cuda::grid_blocks(p.rows), threads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   });
   cuda::check_launch("keel::silu_and_mul");
