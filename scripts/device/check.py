@@ -65,7 +65,12 @@ def cmd_env(out_json: str) -> int:
             info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
     except Exception as e:  # noqa: BLE001 - reported, the caller decides
         info["torch_error"] = f"{type(e).__name__}: {e}"
-    for tool in ("nvcc", "cmake", "ninja", "nvidia-smi"):
+    for dist in ("pytest", "numpy"):  # the image's own: carried wheels never shadow them
+        try:
+            info[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            info[dist] = None
+    for tool in ("nvcc", "cmake", "ninja", "nvidia-smi", "compute-sanitizer"):
         path = shutil.which(tool)
         info[tool] = path
         if path and tool == "nvcc":
