@@ -10,7 +10,8 @@ the GPU peers, timed with CUDA events, peers alternated in every repeat, the bes
 
 Every benchmark first checks keel's result against the peer's (a benchmark of wrong results is worthless).
 --dry-run runs the same code on CPU tensors at toy sizes, one repeat: it checks the script, not speed.
---json PATH writes rows plus "figures" (one line per CUDA path, read by scripts/device_check.py).
+--json PATH writes rows plus "figures" (one line per CUDA path, read by scripts/device/check.py) after every case,
+--time-cap S stops adding cases after S seconds (the device check passes a cap well inside its step).
 """
 
 from __future__ import annotations
@@ -89,19 +90,30 @@ def spread(ratios: list[float]) -> str:
 
 
 def write(
-    args: argparse.Namespace, kind: str, rows: list[dict], figures: dict[str, str], notes: dict[str, str]
+    args: argparse.Namespace,
+    kind: str,
+    rows: list[dict],
+    figures: dict[str, str],
+    notes: dict[str, str],
+    partial: bool = False,
 ) -> None:
+    """The JSON (after every case, `partial`: a killed run still leaves the cases it finished) and, at the end,
+    the printed table."""
     device = "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(0)
-    print(f"\n{kind} on {device}, torch {torch.__version__}")
-    for r in rows:
-        print("  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
-    for k, v in {**figures, **notes}.items():
-        print(f"{k}: {v}")
+    if not partial:
+        print(f"\n{kind} on {device}, torch {torch.__version__}")
+        for r in rows:
+            print("  " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
+        for k, v in {**figures, **notes}.items():
+            print(f"{k}: {v}")
     if args.dry_run:  # no reader may take these for speeds
         figures = {k: f"dry run (CPU tensors, toy sizes; not a speed): {v}" for k, v in figures.items()}
     if args.json:
         payload = {"kind": kind, "device": device, "torch": torch.__version__, "dry_run": args.dry_run}
-        args.json.write_text(json.dumps({**payload, "rows": rows, "figures": figures, "notes": notes}, indent=1))
+        payload["complete"] = not partial
+        tmp = args.json.with_suffix(".tmp")  # written whole, then renamed: never a half-written file
+        tmp.write_text(json.dumps({**payload, "rows": rows, "figures": figures, "notes": notes}, indent=1))
+        tmp.replace(args.json)
 
 
 def _device(args: argparse.Namespace) -> str:
@@ -153,6 +165,16 @@ def gemm_main(args: argparse.Namespace) -> None:
     notes: dict[str, str] = {}
     clock = Clock(args.time_cap, notes)
     r_fp8, r_bf16, cast_gbs = [], [], []
+
+    def figures_now() -> dict[str, str]:
+        best = max((r["fp8 TFLOP/s"] for r in rows), default=0.0)
+        fp8_peer = "torch._scaled_mm FP8" if "torch._scaled_mm" not in notes else "torch bf16 (scaled_mm unavailable)"
+        return {
+            "deep_gemm fp8_gemm_nt": f"best {best:.2f} TFLOP/s; vs {fp8_peer}: {spread(r_fp8)} (> 1: keel faster)",
+            "deep_gemm bf16_gemm_nt": f"speed vs torch bf16 matmul: {spread(r_bf16)}",
+            "deep_gemm casts": f"per-token cast {statistics.median(cast_gbs or [0.0]):.1f} GB/s (median over shapes)",
+        }
+
     for n, k, m in cases:
         if clock.over():
             continue
@@ -167,14 +189,8 @@ def gemm_main(args: argparse.Namespace) -> None:
         cast_gbs.append((3 * m * k + 4 * m * ((k + 127) // 128)) / t["cast 1x128"] / 1e9)
         row["fp8 / peer"] = r_fp8[-1]
         rows.append(row)
-    best = max((r["fp8 TFLOP/s"] for r in rows), default=0.0)
-    fp8_peer = "torch._scaled_mm FP8" if "torch._scaled_mm" not in notes else "torch bf16 (scaled_mm unavailable)"
-    figures = {
-        "deep_gemm fp8_gemm_nt": f"best {best:.2f} TFLOP/s; vs {fp8_peer}: {spread(r_fp8)} (> 1: keel faster)",
-        "deep_gemm bf16_gemm_nt": f"speed vs torch bf16 matmul: {spread(r_bf16)}",
-        "deep_gemm casts": f"per-token cast {statistics.median(cast_gbs or [0.0]):.1f} GB/s (median over shapes)",
-    }
-    write(args, "gemm", rows, figures, notes)
+        write(args, "gemm", rows, figures_now(), notes, partial=True)
+    write(args, "gemm", rows, figures_now(), notes)
 
 
 def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -243,6 +259,13 @@ def attention_main(args: argparse.Namespace) -> None:
     cases = [("decode", sh, c) for c in decode for sh in shapes] + [
         ("prefill", sh, c) for c in prefill for sh in shapes
     ]
+
+    def figures_now() -> dict[str, str]:
+        return {
+            "flash_attn kvcache paged": f"decode speed vs SDPA flash: {spread(ratios['decode'])} (> 1: keel faster)",
+            "flash_attn varlen": f"causal prefill speed vs SDPA flash: {spread(ratios['prefill'])}",
+        }
+
     for kind, (h, hk, d), case in cases:
         if clock.over():
             continue
@@ -254,11 +277,8 @@ def attention_main(args: argparse.Namespace) -> None:
         if "sdpa flash" in t:
             ratios[kind].append(t["sdpa flash"] / t["keel"])
         rows.append({"case": f"{kind} h{h}/{hk} d{d} {case}", **{f"{k} us": v * 1e6 for k, v in t.items()}})
-    figures = {
-        "flash_attn kvcache paged": f"decode speed vs SDPA flash: {spread(ratios['decode'])} (> 1: keel faster)",
-        "flash_attn varlen": f"causal prefill speed vs SDPA flash: {spread(ratios['prefill'])}",
-    }
-    write(args, "attention", rows, figures, notes)
+        write(args, "attention", rows, figures_now(), notes, partial=True)
+    write(args, "attention", rows, figures_now(), notes)
 
 
 def ops_main(args: argparse.Namespace) -> None:
@@ -304,12 +324,16 @@ def ops_main(args: argparse.Namespace) -> None:
     torch.testing.assert_close(
         ops.silu_and_mul(gu).float(), (F.silu(gu[:, :hidden].float()) * gu[:, hidden:].float()), atol=5e-2, rtol=5e-2
     )
-    rows, figures = [], {}
+    rows, figures, notes = [], {}, {}
+    clock = Clock(args.time_cap, notes)
     for name, (fn, moved) in cases.items():
+        if clock.over():
+            continue
         src = torch.empty(moved // 2, device=dev, dtype=torch.uint8)  # a copy reads and writes moved / 2 bytes each
         dst = torch.empty_like(src)
         t = best_times({"keel": fn, "device copy": lambda d=dst, s=src: d.copy_(s)}, dev, repeats, inner)
         gbs, copy_gbs = moved / t["keel"] / 1e9, moved / t["device copy"] / 1e9
         rows.append({"op": name, "keel GB/s": gbs, "copy GB/s": copy_gbs, "keel / copy": gbs / copy_gbs})
         figures[name] = f"{gbs:.0f} GB/s = {gbs / copy_gbs:.2f}x a device copy of the same bytes"
-    write(args, "ops", rows, figures, {})
+        write(args, "ops", rows, figures, notes, partial=True)
+    write(args, "ops", rows, figures, notes)

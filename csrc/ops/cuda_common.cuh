@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -42,6 +43,24 @@ __device__ __forceinline__ float round_to(float v) {
   return load(&t);
 }
 
+// 16-byte vectors of T (8 bf16 / fp16, 4 fp32, 2 fp64): one 128-bit load or store. Callers check
+// aligned16 on every pointer (uniform over the block or the grid) and take a scalar path otherwise and for the
+// tail of a row that is not a multiple of the vector.
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int n = 16 / sizeof(T);
+  T e[n];
+};
+__device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+template <typename T>
+__device__ __forceinline__ Vec16<T> load16(const T* p) {
+  return *reinterpret_cast<const Vec16<T>*>(p);
+}
+template <typename T>
+__device__ __forceinline__ void store16(T* p, const Vec16<T>& v) {
+  *reinterpret_cast<Vec16<T>*>(p) = v;
+}
+
 // Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024).
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float warp_sums[32];
@@ -60,6 +79,14 @@ __device__ __forceinline__ float block_sum(float v) {
   const float total = warp_sums[0];
   __syncthreads();
   return total;
+}
+
+// Grid of a kernel that loops over its rows (or elements) with a grid stride: at most kMaxGridBlocks blocks,
+// so a row count above CUDA's grid limit (2^31 - 1 blocks) cannot wrap around in a cast to unsigned; rows
+// past the grid are taken by the same blocks in later turns. 2^20 blocks keep every SM busy.
+constexpr int64_t kMaxGridBlocks = int64_t(1) << 20;
+inline unsigned grid_blocks(int64_t rows) {
+  return static_cast<unsigned>(rows < kMaxGridBlocks ? (rows > 0 ? rows : 1) : kMaxGridBlocks);
 }
 
 // Throws with the op's name when the launch failed.

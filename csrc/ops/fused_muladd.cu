@@ -18,7 +18,27 @@ __global__ void fused_muladd_kernel(FusedMulAddParams p) {
   const bool flat = p.a_col == 1 && p.b_col == 1 && p.a_rows.ndim == 1 && p.b_rows.ndim == 1 &&
                     p.a_rows.strides[0] == p.cols && p.b_rows.strides[0] == p.cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.numel; i += stride) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t done = 0;  // elements written by the vector loop
+  if (flat && cuda::aligned16(a) && cuda::aligned16(b) && cuda::aligned16(out)) {
+    constexpr int V = cuda::Vec16<T>::n;
+    const int64_t nv = p.numel / V;
+    for (int64_t j = tid; j < nv; j += stride) {
+      const cuda::Vec16<T> av = cuda::load16(a + j * V), bv = cuda::load16(b + j * V);
+      cuda::Vec16<T> ov;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        if constexpr (std::is_same_v<T, double>) {
+          ov.e[e] = fma(av.e[e], bv.e[e], p.c);
+        } else {
+          cuda::store(&ov.e[e], fmaf(cuda::load(&av.e[e]), cuda::load(&bv.e[e]), static_cast<float>(p.c)));
+        }
+      }
+      cuda::store16(out + j * V, ov);
+    }
+    done = nv * V;
+  }
+  for (int64_t i = done + tid; i < p.numel; i += stride) {  // the scalar path (strided inputs) and the tail
     int64_t ia = i;
     int64_t ib = i;
     if (!flat) {

@@ -29,15 +29,16 @@ __device__ void rotate(const RotaryTensor& t, int64_t token, const C* cos, const
 
 template <typename T, typename C>
 __global__ void rotary_kernel(RotaryParams p) {
-  const int64_t t = blockIdx.x;
-  const int64_t pos = p.positions[row_offset(p.pos_rows, t)];
-  KEEL_DEVICE_CHECK(pos >= 0 && pos < p.max_position,
-                    "keel::rotary_embedding: a position is outside cos_sin_cache's rows");
-  const int64_t half = p.rot_dim / 2;
-  const C* cos = static_cast<const C*>(p.cache) + pos * p.cache_row_stride;
-  const C* sin = cos + half * p.cache_col_stride;
-  rotate<T, C>(p.q, t, cos, sin, p.cache_col_stride, half, p.is_neox);
-  rotate<T, C>(p.k, t, cos, sin, p.cache_col_stride, half, p.is_neox);
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {  // a grid stride (cuda::grid_blocks)
+    const int64_t pos = p.positions[row_offset(p.pos_rows, t)];
+    KEEL_DEVICE_CHECK(pos >= 0 && pos < p.max_position,
+                      "keel::rotary_embedding: a position is outside cos_sin_cache's rows");
+    const int64_t half = p.rot_dim / 2;
+    const C* cos = static_cast<const C*>(p.cache) + pos * p.cache_row_stride;
+    const C* sin = cos + half * p.cache_col_stride;
+    rotate<T, C>(p.q, t, cos, sin, p.cache_col_stride, half, p.is_neox);
+    rotate<T, C>(p.k, t, cos, sin, p.cache_col_stride, half, p.is_neox);
+  }
 }
 
 }  // namespace rotary_embedding_detail
@@ -48,7 +49,7 @@ void rotary_embedding_cuda(const RotaryParams& p, void* stream) {
   cuda::dispatch_float(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     auto s = static_cast<cudaStream_t>(stream);
-    const auto blocks = static_cast<unsigned>(p.num_tokens);
+    const unsigned blocks = cuda::grid_blocks(p.num_tokens);
     if (p.cache_dtype == DType::kFloat32) {
       rotary_kernel<T, float><<<blocks, threads, 0, s>>>(p);
     } else {

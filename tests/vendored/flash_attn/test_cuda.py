@@ -214,6 +214,8 @@ _CHILD = textwrap.dedent(
             flash_attn_varlen_func(q, q, q, i32([0, 2, 4]), i32([0, 3, 6]), 3, 3)
         elif which == "max_q":  # a sequence of 5 queries with max_seqlen_q = 3 (6 rows fit 2 x 3: the host passes it)
             flash_attn_varlen_func(q, q, q, i32([0, 1, 6]), i32([0, 1, 6]), 3, 5)
+        elif which == "max_k0":  # max_seqlen_k = 0 with sequences of 3 keys: the CPU refuses it on the host
+            flash_attn_varlen_func(q, q, q, i32([0, 3, 6]), i32([0, 3, 6]), 3, 0)
         torch.cuda.synchronize()
     except RuntimeError as e:
         err = str(e)
@@ -225,6 +227,7 @@ DEVICE_CHECKS = {
     "column": "a sequence has more keys than its block_table row holds",
     "total_q": "cu_seqlens_q[-1] must be total_q",
     "max_q": "a sequence has more queries than max_seqlen_q",
+    "max_k0": "exceed max_seqlen_k",
 }
 
 

@@ -320,7 +320,9 @@ void mha_varlen_fwd(const TensorView& q, const TensorView& k, const TensorView& 
   set_qkv_strides(params, q, k, v, out, false);
   set_params_fprop(params, q, k, b, actual_q, max_seqlen_k, softmax_scale, is_causal && max_seqlen_q > 1,
                    window_size_left, window_size_right, softcap);
-  params.seqlen_k = std::max(actual_k, 1);
+  // CUDA: max_seqlen_k as given, the bound the kernel checks every sequence's keys against (a device-side
+  // assert, as the CPU's check above), so max_seqlen_k = 0 with a non-empty sequence is refused there too
+  params.seqlen_k = cuda ? actual_k : std::max(actual_k, 1);
   params.total_q = int(q.size(0));
   params.cu_seqlens_q = const_cast<int*>(cu_q);
   params.cu_seqlens_k = const_cast<int*>(cu_k);

@@ -1,7 +1,7 @@
 // deep_gemm/csrc/cuda/cast.cu
 // CUDA casts to e4m3 with fp32 scales (sm_80+): per-token 1 x gran_k groups (the engine's activations
-// and its 1x128 weight recipe) and 128 x 128 blocks, one thread block per scale group: a block-wide
-// amax (fmaxf, which ignores NaN as the host's std::fmax does), the scale, then every element divided
+// and its 1x128 weight recipe; one warp per group) and 128 x 128 blocks (one thread block per group): the
+// group's amax (fmaxf, which ignores NaN as the host's std::fmax does), the scale, then every element divided
 // by it (IEEE division, __fdiv_rn, whatever the compile flags) and rounded to e4m3 with the same bit
 // arithmetic as csrc/utils/fp8.hpp, so the bytes equal the CPU casts' (csrc/apis/cast.cpp).
 // UNVERIFIED: compiled and linked here, never run on a GPU.
@@ -87,14 +87,44 @@ __global__ void __launch_bounds__(kMaxThreads) cast_kernel(const CastArgs a, int
   }
 }
 
+// Per-token groups (1 x gran_cols): one warp per group, kWarpsPerBlock groups per block; the amax by shuffles (no
+// shared memory, no barrier); lane i reads elements i, i + 32, ... of its group (coalesced along a row). The same
+// arithmetic as cast_kernel, so the same bytes.
+constexpr int kWarpsPerBlock = kMaxThreads / 32;
+
+__global__ void __launch_bounds__(kMaxThreads)
+    cast_rows_warp_kernel(const CastArgs a, int64_t col_groups, int64_t groups) {
+  const int lane = threadIdx.x % 32;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (g >= groups) return;  // the whole warp: no barrier follows
+  const int64_t r = g / col_groups, gc = g - r * col_groups;
+  const int64_t c0 = gc * a.gran_cols;
+  const int64_t nc = a.cols - c0 < a.gran_cols ? a.cols - c0 : a.gran_cols;
+  float amax = 0.0f;
+  for (int64_t i = lane; i < nc; i += 32) amax = fmaxf(amax, fabsf(load_x(a, r, c0 + i)));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = __fdiv_rn(amax > kAmaxFloor ? amax : kAmaxFloor, kFp8E4M3Max);
+  const float scale = a.use_ue8m0 ? ue8m0_ceil(s) : s;
+  if (lane == 0) a.sf[r * a.ss0 + gc * a.ss1] = scale;
+  for (int64_t i = lane; i < nc; i += 32) {
+    a.out[r * a.os0 + (c0 + i) * a.os1] = float_to_e4m3(__fdiv_rn(load_x(a, r, c0 + i), scale));
+  }
+}
+
 // rows, cols > 0 and at most 2^31 - 1 groups (checked by the caller, csrc/apis/cast.cpp)
 void launch_cast(const CastArgs& a, void* stream) {
   const int64_t row_groups = (a.rows + a.gran_rows - 1) / a.gran_rows;
   const int64_t col_groups = (a.cols + a.gran_cols - 1) / a.gran_cols;
-  const int64_t per_group = a.gran_rows * a.gran_cols;
-  const int threads = per_group >= kMaxThreads ? kMaxThreads : static_cast<int>((per_group + 31) / 32 * 32);
-  cast_kernel<<<static_cast<unsigned>(row_groups * col_groups), threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      a, col_groups);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (a.gran_rows == 1) {  // per-token: a warp per group
+    const int64_t groups = row_groups * col_groups;
+    const int64_t blocks = (groups + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    cast_rows_warp_kernel<<<static_cast<unsigned>(blocks), kMaxThreads, 0, s>>>(a, col_groups, groups);
+  } else {  // 128 x 128 blocks: a thread block per group
+    const int64_t per_group = a.gran_rows * a.gran_cols;
+    const int threads = per_group >= kMaxThreads ? kMaxThreads : static_cast<int>((per_group + 31) / 32 * 32);
+    cast_kernel<<<static_cast<unsigned>(row_groups * col_groups), threads, 0, s>>>(a, col_groups);
+  }
   const cudaError_t err = cudaGetLastError();
   DG_HOST_ASSERT(err == cudaSuccess, a.op, ": CUDA launch failed: ", cudaGetErrorString(err));
 }

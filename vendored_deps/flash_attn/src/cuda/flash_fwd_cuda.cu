@@ -4,7 +4,11 @@
 // scores one key of the tile, the warp takes the tile's max and sum once, then every lane
 // accumulates its slice of the head dim over the tile's values. fp32 accumulation; paged K/V
 // through the block table; the same mask rules as the CPU kernels. Three instantiations (dtypes).
-// Grid: x = sequence * blocks of kWarps query rows (the batch on x: up to 2^31 - 1 blocks), y = head.
+// GQA packing: a block serves one kv head (grid.y) and kWarps (query row, query head) pairs of its group, query
+// heads fastest, so the warps of a block score the same key rows at the same time and K/V come from memory once
+// per block (L1 hits for the other warps) instead of once per query head; at decode (one query row) a block
+// holds all query heads of a kv head when the group has at most kWarps heads.
+// Grid: x = sequence * blocks of kWarps (row, head) pairs (the batch on x: up to 2^31 - 1 blocks), y = kv head.
 // The index data the host does not read (cu_seqlens, seqused_k / cache_seqlens, block ids) is
 // checked here: a bad value raises a device-side assert and the access is skipped.
 // No split-K on CUDA (num_splits is ignored). Compiled only in keel's build: UNVERIFIED on a GPU.
@@ -19,13 +23,14 @@
 #include "../block_info.h"
 #include "../flash_api.h"
 #include "flash_fwd_cuda.h"
+#include "online_softmax.h"
 
 namespace flash {
 // a named namespace, not an anonymous one: nvcc names anonymous namespaces after the
 // source file's absolute path, so the library's bytes would depend on the build folder
 namespace flash_fwd_cuda_detail {
 
-constexpr int kWarps = 4;   // query rows per block
+constexpr int kWarps = 8;   // (query row, query head) pairs per block
 constexpr int kMaxD = 256;  // head dim limit (checked on the host)
 constexpr int kPerLane = kMaxD / 32;
 constexpr unsigned kFull = 0xffffffffu;
@@ -48,8 +53,9 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
   return __float2half_rn(v);
 }
 
+// NaN-propagating (nan_max), so a NaN score reaches every lane's running max
 __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(kFull, v, o));
   return v;
 }
 __device__ __forceinline__ float warp_sum(float v) {
@@ -114,13 +120,17 @@ template <typename T>
 __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const Flash_fwd_params p) {
   __shared__ float q_s[kWarps][kMaxD];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int mblocks = (p.seqlen_q + kWarps - 1) / kWarps;
-  const int b = blockIdx.x / mblocks, h = blockIdx.y, i = (blockIdx.x % mblocks) * kWarps + warp;
+  const int ratio = p.h_h_k_ratio;
+  const int64_t pairs = int64_t(p.seqlen_q) * ratio;  // (row, head) pairs of one sequence and kv head
+  const int64_t mblocks = (pairs + kWarps - 1) / kWarps;
+  const int b = int(blockIdx.x / mblocks);
+  const int64_t pair = (blockIdx.x % mblocks) * kWarps + warp;
+  const int i = int(pair / ratio), h = int(blockIdx.y) * ratio + int(pair % ratio);
   const BlockInfo seq = block_info(p, b);
   if (!sequence_ok(p, b, seq)) return;  // uniform over the block: no barrier follows
   if (i >= seq.sq) return;              // whole warp leaves together; no block-wide barrier follows
 
-  const int hk = h / p.h_h_k_ratio, d = p.d;
+  const int hk = blockIdx.y, d = p.d;
   const T* q = static_cast<const T*>(p.q_ptr) + seq.q_off + int64_t(i) * p.q_row_stride + int64_t(h) * p.q_head_stride;
   for (int c = lane; c < d; c += 32) q_s[warp][c] = to_float(q[c]);
   __syncwarp();
@@ -145,9 +155,9 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const Flash_fwd_
       for (int c = 0; c < d; ++c) dot += q_s[warp][c] * to_float(kr[c]);
       s = p.softcap > 0.f ? p.scale_softmax * tanhf(dot * p.softcap) : dot * p.scale_softmax;
     }
-    const float m_new = fmaxf(m, warp_max(s));  // finite unless every key so far was skipped
-    const float alpha = m == -INFINITY ? 0.f : __expf(m - m_new);
-    const float pj = s > -INFINITY ? __expf(s - m_new) : 0.f;
+    // online_softmax.h: a NaN (or +inf) score makes this row NaN, as on the CPU and in torch's SDPA
+    const SoftmaxStep st = softmax_step(m, warp_max(s), s);
+    const float alpha = st.alpha, m_new = st.m_new, pj = st.p;
     l = l * alpha + warp_sum(pj);
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) acc[t] *= alpha;
@@ -165,7 +175,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fwd_kernel(const Flash_fwd_
     m = m_new;
   }
 
-  const float inv = l > 0.f ? 1.f / l : 0.f;  // no visible key: 0, as upstream
+  const float inv = softmax_final_scale(l);  // no visible key: 0, as upstream; NaN stays NaN
   T* out = static_cast<T*>(p.o_ptr) + seq.o_off + int64_t(i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
 #pragma unroll
   for (int t = 0; t < kPerLane; ++t) {
@@ -179,15 +189,16 @@ using namespace flash_fwd_cuda_detail;  // the launchers below
 
 void run_mha_fwd_cuda(const Flash_fwd_params& params, void* stream) {
   if (params.d > kMaxD) throw std::invalid_argument("head_size must be <= 256 on CUDA");
-  const int64_t mblocks = (int64_t(params.seqlen_q) + kWarps - 1) / kWarps;
+  const int64_t mblocks = (int64_t(params.seqlen_q) * params.h_h_k_ratio + kWarps - 1) / kWarps;
   const int64_t blocks_x = int64_t(params.b) * mblocks;
-  if (blocks_x == 0 || params.h == 0) return;  // nothing to compute: a zero grid is a launch error
-  if (blocks_x > INT_MAX || params.h > 65535) {
-    throw std::invalid_argument("batch_size x ceil(max_seqlen_q / " + std::to_string(kWarps) +
-                                ") = " + std::to_string(blocks_x) + " and " + std::to_string(params.h) +
-                                " heads exceed one CUDA launch (2^31 - 1 blocks, 65535 heads)");
+  if (blocks_x == 0 || params.h == 0 || params.h_k == 0) return;  // nothing to compute: a zero grid is an error
+  if (blocks_x > INT_MAX || params.h_k > 65535) {
+    throw std::invalid_argument("batch_size x ceil(max_seqlen_q x " + std::to_string(params.h_h_k_ratio) + " / " +
+                                std::to_string(kWarps) + ") = " + std::to_string(blocks_x) + " and " +
+                                std::to_string(params.h_k) +
+                                " kv heads exceed one CUDA launch (2^31 - 1 blocks, 65535 kv heads)");
   }
-  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(params.h));
+  const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(params.h_k));
   const auto s = static_cast<cudaStream_t>(stream);
   switch (params.dtype) {
     case DType::kFloat32:

@@ -22,6 +22,7 @@ class CudaPath:
 _OPS = r"tests\.ops\."
 _DG = r"tests\.vendored\.deep_gemm\.test_cuda::"
 _FA = r"tests\.vendored\.flash_attn\.test_cuda::"
+_NONFINITE = r"test_cuda_nonfinite::"
 CUDA_PATHS = [
     CudaPath(
         "keel::fused_muladd",
@@ -76,6 +77,9 @@ CUDA_PATHS = [
         "flash_attn num_splits, streams, host checks", _FA + r"test_(num_splits|side_stream|host_checks|two_devices)"
     ),
     CudaPath("flash_attn device-side checks", _FA + r"test_device_check"),
+    CudaPath("keel ops: non-finite input, rows past the grid, unaligned views", _OPS + _NONFINITE),
+    CudaPath("deep_gemm: non-finite input", r"tests\.vendored\.deep_gemm\." + _NONFINITE),
+    CudaPath("flash_attn: non-finite input (NaN as the CPU twin)", r"tests\.vendored\.flash_attn\." + _NONFINITE),
     CudaPath("engine on CUDA, bf16", r"tests\.engine\.test_cuda_engine::.*bf16"),
     CudaPath("engine on CUDA, fp8", r"tests\.engine\.test_cuda_engine::.*fp8"),
     CudaPath("keel serve --device cuda", r"tests\.entrypoints\.test_cuda_serve::"),
