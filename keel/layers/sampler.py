@@ -20,12 +20,16 @@ from typing import Protocol
 
 import torch
 
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by a tinier one
+# overflows float32 (1e-40 is a denormal; 5e-324 is 0) and the probabilities become inf / NaN.
+SAMPLING_EPS = 1e-5
+
 
 class SamplingOptions(Protocol):
     """What the sampler reads of one request's parameters (`keel.SamplingParams` has these fields)."""
 
     @property
-    def temperature(self) -> float: ...  # 0: greedy
+    def temperature(self) -> float: ...  # 0 (below SAMPLING_EPS): greedy
 
     @property
     def top_k(self) -> int: ...  # 0: off
@@ -87,6 +91,7 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
+        drop[0] = False  # the top token always stays (a top_p below float32's smallest value is 0 there)
         logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
     return logits
 
@@ -281,7 +286,7 @@ def sample(
     if bitmask_rows or any(banned or ()) or any(p.logit_bias or p.allowed_token_ids is not None for p in params):
         apply_masks(logits, params, banned, bitmask, bitmask_rows)
     out = greedy(logits)  # greedy rows; sampled rows are overwritten below
-    hot = [b for b, p in enumerate(params) if p.temperature != 0.0]
+    hot = [b for b, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
     if hot:
         idx = torch.tensor(hot, device=logits.device)
         scaled = logits[idx] / torch.tensor([params[b].temperature for b in hot], device=logits.device)[:, None]
