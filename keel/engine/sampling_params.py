@@ -36,11 +36,13 @@ class StructuredOutputsParams:
             raise RequestValidationError(
                 "structured_outputs",
                 f"StructuredOutputsParams: exactly one of json, regex, choice, grammar, json_object must be set, "
-                f"got {given or 'none'}"
+                f"got {given or 'none'}",
             )
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise RequestValidationError(
-                "structured_outputs.choice", "StructuredOutputsParams: choice must be a non-empty list of non-empty strings")
+                "structured_outputs.choice",
+                "StructuredOutputsParams: choice must be a non-empty list of non-empty strings",
+            )
 
     @staticmethod
     def kinds() -> tuple[str, ...]:
@@ -154,7 +156,9 @@ class SamplingParams:
         if self.seed is not None and (
             not isinstance(self.seed, int) or isinstance(self.seed, bool) or not -(1 << 63) <= self.seed < 1 << 64
         ):
-            _fail("seed", f"SamplingParams: seed must be an integer in [-2**63, 2**64) (None = random), got {self.seed!r}")
+            _fail(
+                "seed", f"SamplingParams: seed must be an integer in [-2**63, 2**64) (None = random), got {self.seed!r}"
+            )
         _check_int("min_tokens", self.min_tokens, 0)
         if self.max_tokens and self.min_tokens > self.max_tokens:
             _fail(

@@ -327,8 +327,10 @@ def sample(
         if per_row is not None and len(per_row) != len(params):
             raise ValueError(f"sample: {name} needs one entry per logits row ({len(params)}), got {len(per_row)}")
     vocab = logits.shape[-1]
-    if bitmask is not None and bitmask_rows and (
-        bitmask.shape != (len(bitmask_rows), (vocab + 31) // 32) or bitmask.dtype != torch.int32
+    if (
+        bitmask is not None
+        and bitmask_rows
+        and (bitmask.shape != (len(bitmask_rows), (vocab + 31) // 32) or bitmask.dtype != torch.int32)
     ):
         raise ValueError(
             f"sample: bitmask must be int32 [{len(bitmask_rows)}, {(vocab + 31) // 32}] (one row per "

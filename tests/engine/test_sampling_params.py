@@ -10,7 +10,11 @@ from keel.engine.sampling_params import StructuredOutputsParams
 from keel.layers.sampler import SAMPLING_EPS
 
 BAD = [  # (kwargs, the field the error names, its message)
-    ({"max_tokens": 0}, "max_tokens", r"SamplingParams: max_tokens must be >= 1, got 0 \(0 is allowed only for scoring"),
+    (
+        {"max_tokens": 0},
+        "max_tokens",
+        r"SamplingParams: max_tokens must be >= 1, got 0 \(0 is allowed only for scoring",
+    ),
     ({"max_tokens": -1}, "max_tokens", r"SamplingParams: max_tokens must be an integer >= 0"),
     ({"min_p": 1.5}, "min_p", r"SamplingParams: min_p must be in \[0, 1\]"),
     ({"presence_penalty": 2.5}, "presence_penalty", r"SamplingParams: presence_penalty must be in \[-2, 2\]"),
