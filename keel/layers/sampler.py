@@ -219,10 +219,13 @@ def _logprobs(raw: torch.Tensor, tokens: list[int], ks: list[int]) -> list[RowLo
     ]
 
 
-def prompt_logprobs(logits: torch.Tensor, prompt_ids: Sequence[int], k: int) -> list[RowLogprobs]:
-    """Logits [L-1, V] of positions 0 .. L-2 -> each next prompt token's (ids[1:]) logprob, rank and top-k."""
+def prompt_logprobs(logits: torch.Tensor, next_ids: Sequence[int], k: int) -> list[RowLogprobs]:
+    """Logits [N, V] of N prompt positions -> the logprob, rank and top-k of the token each predicts,
+    `next_ids` (for a whole prompt: the logits of positions 0 .. L-2 and ids[1:]; a chunk gives its part)."""
     out: list[RowLogprobs] = []
-    ids = list(prompt_ids[1:])
+    ids = list(next_ids)
+    if len(ids) != logits.shape[0]:
+        raise ValueError(f"prompt_logprobs: expected one next token per logits row ({logits.shape[0]}), got {len(ids)}")
     for start in range(0, len(ids), 512):  # bounded float32 copies for long prompts
         out += _logprobs(logits[start : start + 512], ids[start : start + 512], [k] * len(ids[start : start + 512]))
     return out
