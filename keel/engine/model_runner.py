@@ -43,8 +43,10 @@ class StepResult:
         for r, part in enumerate(parts):
             out.token_ids += part.token_ids
             out.logprobs += part.logprobs
-            out.prompt_logprobs.update({r: rows for rows in part.prompt_logprobs.values()})
-            out.errors.update({r: e for e in part.errors.values()})
+            if 0 in part.prompt_logprobs:
+                out.prompt_logprobs[r] = part.prompt_logprobs[0]
+            if 0 in part.errors:
+                out.errors[r] = part.errors[0]
         return out
 
 
