@@ -27,8 +27,10 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences in one step at most
     max_kv_cache_bytes: int = 4 << 30  # the KV pool's budget; the pool grows to it on demand
     # tokens one step computes at most (decodes first, then prompts, longer ones in chunks over several
-    # steps): the most a long prompt delays the running decodes each step (docs/_incoming/engine.md)
-    max_num_batched_tokens: int = 512
+    # steps): what a long prompt adds to each step of the running decodes. On 2 CPU cores a prompt token
+    # costs the same from 64- to 512-token chunks and more in larger ones (docs/measurements/2026-12-02-
+    # chunked-prefill.md), so 256 halves 512's stall at no prefill cost; raise it on a GPU.
+    max_num_batched_tokens: int = 256
     enable_prefix_caching: bool = True  # share the KV blocks of common prompt prefixes
     progress: bool = True  # a progress bar while loading weights
     cpu_prepack: bool = False  # oneDNN-prepacked weights for prompt projections (CPU)
