@@ -5,8 +5,10 @@ many tokens each computes under the step's token budget, the model runner comput
 forward pass (the running decodes, new prompts past their cached prefix, chunks of long prompts) and
 samples for the sequences whose chunk reaches their end, and `_postprocess` appends each token, checks the
 stops, detokenizes and finishes requests. A request that fails alone (its sampler row, its forward pass
-or its postprocessing raises) finishes with finish_reason "error"; `step` goes on with the others. Requests that arrive while others decode join the batch at the next step (continuous
-batching). Not thread-safe: drive it from one thread at a time (`keel serve`'s AsyncEngine owns it in one
+or its postprocessing raises) finishes with finish_reason "error"; `step` goes on with the others.
+Requests that arrive while others decode join the batch at the next step (continuous batching).
+
+Not thread-safe: drive it from one thread at a time (`keel serve`'s AsyncEngine owns it in one
 thread; `LLM.generate` serializes its callers). A call that enters while another thread is inside the
 engine raises instead of corrupting the scheduler and the block tables."""
 
