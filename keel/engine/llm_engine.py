@@ -24,6 +24,7 @@ import torch
 
 from keel.engine.config import DEFAULTS, EngineConfig
 from keel.engine.dtypes import resolve_dtype
+from keel.engine.errors import RequestValidationError
 from keel.engine.model_loader import load_model
 from keel.engine.model_runner import ModelRunner, StepResult
 from keel.engine.output import EngineMetrics, GenerateStats, Logprob, RequestOutput, request_output
@@ -156,22 +157,26 @@ class LLMEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         limit = self.config.max_position_embeddings
         if not ids:
-            raise ValueError(f"{label} is empty after tokenization; expected at least one token")
+            raise RequestValidationError("prompt", f"{label} is empty after tokenization; expected at least one token")
         if min(ids) < 0 or max(ids) >= self.config.vocab_size:
-            raise ValueError(f"{label} has token ids outside [0, {self.config.vocab_size}) (the vocabulary)")
+            raise RequestValidationError(
+                "prompt", f"{label} has token ids outside [0, {self.config.vocab_size}) (the vocabulary)"
+            )
         room = limit if params.max_tokens == 0 else limit - 1  # a scoring request generates nothing
         if len(ids) > room:
-            raise ValueError(
+            raise RequestValidationError(
+                "prompt",
                 f"{label} has {len(ids)} tokens; the model's context is {limit} tokens "
-                f"(max_position_embeddings), so at most {room} prompt tokens fit"
+                f"(max_position_embeddings), so at most {room} prompt tokens fit",
             )
         self._check_token_ids(label, params)
         max_len = min(len(ids) + params.max_tokens, limit)
         need, budget = self.scheduler.block_manager.blocks_for(max_len), self.max_kv_blocks()
         if need > budget:
-            raise ValueError(
+            raise RequestValidationError(
+                "max_tokens",
                 f"{label} needs {need} KV blocks ({max_len} tokens) but max_kv_cache_bytes allows {budget}; "
-                f"raise max_kv_cache_bytes or lower max_tokens"
+                f"raise max_kv_cache_bytes or lower max_tokens",
             )
         gen = None
         if params.seed is not None:
@@ -210,8 +215,9 @@ class LLMEngine:
         ):
             bad = [t for t in ids if t >= vocab]
             if bad:
-                raise ValueError(
-                    f"SamplingParams: {name} of {label} has token ids {bad[:5]} outside [0, {vocab}) (the vocabulary)"
+                raise RequestValidationError(
+                    name,
+                    f"SamplingParams: {name} of {label} has token ids {bad[:5]} outside [0, {vocab}) (the vocabulary)",
                 )
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:

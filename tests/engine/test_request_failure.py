@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from tiny_checkpoints import needs_ops
 
-from keel.engine import LLM, LLMEngine, SamplingParams
+from keel.engine import LLM, LLMEngine, RequestValidationError, SamplingParams
 
 pytestmark = needs_ops
 GOOD = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -75,3 +75,20 @@ def test_llm_generate_returns_the_failed_request_with_its_error(hf_cache):
     assert outs[0].finish_reason == "length" and len(outs[0].token_ids) == 12
     assert outs[1].finish_reason == "error" and outs[1].error and outs[1].outputs[0].finish_reason == "error"
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_a_refused_request_names_its_field(engine):
+    """make_sequence's refusals are RequestValidationErrors too: the server reads `.field`."""
+    vocab = engine.config.vocab_size
+    cases = [
+        ([], GOOD, "prompt"),
+        ([1, vocab], GOOD, "prompt"),
+        ([5] * 128, GOOD, "prompt"),
+        ([5], SamplingParams(logit_bias={vocab: 1.0}), "logit_bias"),
+        ([5], SamplingParams(allowed_token_ids=[vocab]), "allowed_token_ids"),
+    ]
+    for prompt, params, field in cases:
+        with pytest.raises(RequestValidationError) as info:
+            engine.add_request("x", prompt, params)
+        assert info.value.field == field, (prompt[:3], str(info.value))
+    assert not engine.has_unfinished_requests()
