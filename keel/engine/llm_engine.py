@@ -136,6 +136,7 @@ class LLMEngine:
 
     @max_num_seqs.setter
     def max_num_seqs(self, value: int) -> None:
+        self.engine_config = EngineConfig(**{**self.engine_config.to_dict(), "max_num_seqs": value})  # validated
         self.scheduler.max_num_seqs = value
 
     @property
@@ -145,6 +146,7 @@ class LLMEngine:
 
     @max_kv_cache_bytes.setter
     def max_kv_cache_bytes(self, value: int) -> None:
+        self.engine_config = EngineConfig(**{**self.engine_config.to_dict(), "max_kv_cache_bytes": value})
         self._max_kv_cache_bytes = value
         self.scheduler.max_num_blocks = max(1, value // self.runner.kv_bytes_per_block())
 

@@ -370,8 +370,13 @@ def sample(
     hot = [b for b, p in enumerate(params) if p.temperature >= SAMPLING_EPS and b not in errors]
     cold = [b for b in range(len(params)) if b not in errors and params[b].temperature < SAMPLING_EPS]
     if cold:  # argmax took a NaN (any NaN in the row) or a -inf (every token masked): no token to give
-        chosen = logits[torch.tensor(cold, device=logits.device), torch.tensor([out[b] for b in cold])]
-        for b, value in zip(cold, chosen.tolist(), strict=True):
+        cols = [out[b] for b in cold]
+        if logits.device.type == "cpu":  # (numpy: no tensors built for a few values, as `greedy` does)
+            chosen = logits.detach().numpy()[cold, cols].tolist()
+        else:
+            dev = logits.device
+            chosen = logits[torch.tensor(cold, device=dev), torch.tensor(cols, device=dev)].tolist()
+        for b, value in zip(cold, chosen, strict=True):
             if math.isnan(value) or value == -math.inf:
                 errors[b] = NOT_FINITE
     if hot:

@@ -92,3 +92,11 @@ def test_a_refused_request_names_its_field(engine):
             engine.add_request("x", prompt, params)
         assert info.value.field == field, (prompt[:3], str(info.value))
     assert not engine.has_unfinished_requests()
+
+
+def test_engine_setters_keep_the_config_valid(engine):
+    from keel.engine import ConfigError
+
+    with pytest.raises(ConfigError, match="max_num_batched_tokens must be >= max_num_seqs") as info:
+        engine.max_num_seqs = engine.engine_config.max_num_batched_tokens + 1
+    assert info.value.field == "max_num_batched_tokens" and engine.max_num_seqs == engine.engine_config.max_num_seqs
