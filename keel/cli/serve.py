@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from keel.engine.config import DEFAULTS
+
 _EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, RuntimeError, ImportError)
 
 
@@ -47,16 +49,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=os.environ.get("KEEL_API_KEY"),
         help="require `Authorization: Bearer KEY` on /v1/* (default: $KEEL_API_KEY)",
     )
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded together at most")
+    p.add_argument("--block-size", type=int, default=DEFAULTS.block_size, help="tokens per KV cache block")
+    p.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs, help="requests decoded together at most")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULTS.max_num_batched_tokens,
+        help="tokens one engine step computes at most: decodes first, then prompts, a longer one in chunks "
+        f"over several steps (default {DEFAULTS.max_num_batched_tokens}; at least --max-num-seqs)",
+    )
     p.add_argument(
         "--max-waiting",
         type=int,
         default=256,
         help="requests queued beyond the running batch; more are refused with 503",
     )
-    p.add_argument("--kv-cache-gib", type=float, default=4.0, help="KV cache budget in GiB")
-    p.add_argument("--no-prefix-caching", action="store_true", help="do not share KV blocks between requests")
+    p.add_argument(
+        "--kv-cache-gib", type=float, default=DEFAULTS.max_kv_cache_bytes / (1 << 30), help="KV cache budget in GiB"
+    )
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        default=DEFAULTS.enable_prefix_caching,
+        help="do not share KV blocks between requests",
+    )
     p.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a request may ask for")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
     p.add_argument(
@@ -85,21 +102,22 @@ def run(args: argparse.Namespace) -> int:
             max_waiting=args.max_waiting,
             max_model_len=args.max_model_len,
         )
-        from keel.engine import LLMEngine
-        from keel.hf.resolve import DEFAULT_MODEL
+        from keel.engine import EngineConfig, LLMEngine
 
-        model = args.model or DEFAULT_MODEL
-        llm = LLMEngine(
-            model,
+        model = args.model or DEFAULTS.model
+        config = EngineConfig(
+            model=model,
             dtype=args.dtype,
             device=args.device,
             revision=args.revision,
             block_size=args.block_size,
             max_num_seqs=args.max_num_seqs,
             max_kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
-            enable_prefix_caching=not args.no_prefix_caching,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_prefix_caching=args.prefix_caching,
             quantization=args.quantization,
         )
+        llm = LLMEngine.from_config(config)
     except _EXPECTED_ERRORS as exc:
         msg = str(exc)
         print(msg if msg.startswith("keel serve") else f"keel serve: error: {msg}", file=sys.stderr)

@@ -11,3 +11,12 @@ class RequestValidationError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class ConfigError(ValueError):
+    """An engine's construction argument (`EngineConfig`, `LLM`, `LLMEngine`, `keel serve`'s flags) is out
+    of range or malformed; `field` names it, and the message says what was expected."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field

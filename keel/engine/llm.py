@@ -11,11 +11,11 @@ from typing import cast
 
 import torch
 
+from keel.engine.config import DEFAULTS, EngineConfig
 from keel.engine.llm_engine import LLMEngine
 from keel.engine.output import CompletionOutput, GenerateStats, RequestOutput
 from keel.engine.sampling_params import SamplingParams
 from keel.hf.config import ModelConfig
-from keel.hf.resolve import DEFAULT_MODEL
 from keel.hf.tokenizer import Tokenizer
 from keel.models.llama import LlamaForCausalLM
 
@@ -30,19 +30,19 @@ class LLM:
 
     def __init__(
         self,
-        model: str = DEFAULT_MODEL,
+        model: str = DEFAULTS.model,
         *,
-        dtype: str | torch.dtype | None = None,
-        device: str | None = None,
-        revision: str | None = None,
-        block_size: int = 16,
-        max_num_seqs: int = 64,
-        max_kv_cache_bytes: int = 4 << 30,
-        max_num_batched_tokens: int = 8192,
-        enable_prefix_caching: bool = True,
-        progress: bool = True,
-        cpu_prepack: bool = False,
-        quantization: str | None = None,
+        dtype: str | torch.dtype | None = DEFAULTS.dtype,
+        device: str | None = DEFAULTS.device,
+        revision: str | None = DEFAULTS.revision,
+        block_size: int = DEFAULTS.block_size,
+        max_num_seqs: int = DEFAULTS.max_num_seqs,
+        max_kv_cache_bytes: int = DEFAULTS.max_kv_cache_bytes,
+        max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens,
+        enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching,
+        progress: bool = DEFAULTS.progress,
+        cpu_prepack: bool = DEFAULTS.cpu_prepack,
+        quantization: str | None = DEFAULTS.quantization,
     ) -> None:
         self.llm_engine = LLMEngine(
             model,
@@ -59,6 +59,11 @@ class LLM:
             quantization=quantization,
         )
         self._lock = threading.Lock()  # generate / chat callers on several threads take turns
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An `LLM` whose engine is built with `config`."""
+        return cls(**config.to_dict())
 
     # what was loaded (read-only views of the engine's)
     @property

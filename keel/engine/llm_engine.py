@@ -1,23 +1,30 @@
 """`LLMEngine`: requests in (`add_request`, `abort_request`), one step at a time out (`step`).
 
-Each step is schedule -> run -> postprocess: the scheduler picks the sequences and their KV blocks, the
-model runner computes them in one varlen forward pass (the new prompts past their cached prefix and the
-running decodes) and samples, and `_postprocess` appends each token, checks the stops, detokenizes and
-finishes requests. Requests that arrive while others decode join the batch at the next step (continuous
-batching). Not thread-safe: drive it from one thread at a time (`keel serve`'s AsyncEngine owns it in one
+Each step is schedule -> run -> postprocess: the scheduler picks the sequences, their KV blocks and how
+many tokens each computes under the step's token budget, the model runner computes them in one varlen
+forward pass (the running decodes, new prompts past their cached prefix, chunks of long prompts) and
+samples for the sequences whose chunk reaches their end, and `_postprocess` appends each token, checks the
+stops, detokenizes and finishes requests. A request that fails alone (its sampler row, its forward pass
+or its postprocessing raises) finishes with finish_reason "error"; `step` goes on with the others.
+Requests that arrive while others decode join the batch at the next step (continuous batching).
+
+Not thread-safe: drive it from one thread at a time (`keel serve`'s AsyncEngine owns it in one
 thread; `LLM.generate` serializes its callers). A call that enters while another thread is inside the
 engine raises instead of corrupting the scheduler and the block tables."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
 
 import torch
 
+from keel.engine.config import DEFAULTS, EngineConfig
 from keel.engine.dtypes import resolve_dtype
+from keel.engine.errors import RequestValidationError
 from keel.engine.model_loader import load_model
 from keel.engine.model_runner import ModelRunner, StepResult
 from keel.engine.output import EngineMetrics, GenerateStats, Logprob, RequestOutput, request_output
@@ -25,12 +32,14 @@ from keel.engine.sampling_params import SamplingParams
 from keel.engine.scheduler import Scheduler, SchedulerOutput
 from keel.engine.sequence import FinishReason, Sequence
 from keel.hf.config import ModelConfig, read_config_json
-from keel.hf.resolve import DEFAULT_MODEL, resolve_model
+from keel.hf.resolve import resolve_model
 from keel.hf.tokenizer import IncrementalDetokenizer, Tokenizer
 from keel.layers.fp8_linear import check_quantization
 from keel.layers.sampler import RowLogprobs
 from keel.models import get_model_class
 from keel.structured import GrammarCompiler
+
+log = logging.getLogger("keel.engine")
 
 
 class LLMEngine:
@@ -39,39 +48,56 @@ class LLMEngine:
 
     def __init__(
         self,
-        model: str = DEFAULT_MODEL,
+        model: str = DEFAULTS.model,
         *,
-        dtype: str | torch.dtype | None = None,
-        device: str | None = None,
-        revision: str | None = None,
-        block_size: int = 16,
-        max_num_seqs: int = 64,
-        max_kv_cache_bytes: int = 4 << 30,
-        max_num_batched_tokens: int = 8192,
-        enable_prefix_caching: bool = True,
-        progress: bool = True,
-        cpu_prepack: bool = False,
-        quantization: str | None = None,
+        dtype: str | torch.dtype | None = DEFAULTS.dtype,
+        device: str | None = DEFAULTS.device,
+        revision: str | None = DEFAULTS.revision,
+        block_size: int = DEFAULTS.block_size,
+        max_num_seqs: int = DEFAULTS.max_num_seqs,
+        max_kv_cache_bytes: int = DEFAULTS.max_kv_cache_bytes,
+        max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens,
+        enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching,
+        progress: bool = DEFAULTS.progress,
+        cpu_prepack: bool = DEFAULTS.cpu_prepack,
+        quantization: str | None = DEFAULTS.quantization,
     ) -> None:
-        self.model_id = model
-        self.folder = resolve_model(model, revision)
+        """The arguments are `EngineConfig`'s fields (validated there first; see `from_config`)."""
+        cfg = self.engine_config = EngineConfig(
+            model=model,
+            dtype=dtype,
+            device=device,
+            revision=revision,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_kv_cache_bytes=max_kv_cache_bytes,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            progress=progress,
+            cpu_prepack=cpu_prepack,
+            quantization=quantization,
+        )
+        self.model_id = cfg.model
+        self.folder = resolve_model(cfg.model, cfg.revision)
         raw = read_config_json(self.folder / "config.json")
         get_model_class((raw.get("architectures") or ["<missing>"])[0])  # unsupported: fail before parsing
         self.config = ModelConfig.from_dict(raw)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.quantization = check_quantization(quantization)
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.quantization = check_quantization(cfg.quantization)
         self.tokenizer = Tokenizer(self.folder)
-        self.model = load_model(self.folder, self.config, self.dtype, self.device, progress=progress)
-        self.runner = ModelRunner(self.model, block_size, cpu_prepack=cpu_prepack, quantization=self.quantization)
-        self.scheduler = Scheduler(
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_num_blocks=max(1, max_kv_cache_bytes // self.runner.kv_bytes_per_block()),
-            enable_prefix_caching=enable_prefix_caching,
+        self.model = load_model(self.folder, self.config, self.dtype, self.device, progress=cfg.progress)
+        self.runner = ModelRunner(
+            self.model, cfg.block_size, cpu_prepack=cfg.cpu_prepack, quantization=self.quantization
         )
-        self._max_kv_cache_bytes = max_kv_cache_bytes
+        self.scheduler = Scheduler(
+            block_size=cfg.block_size,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_blocks=max(1, cfg.max_kv_cache_bytes // self.runner.kv_bytes_per_block()),
+            enable_prefix_caching=cfg.enable_prefix_caching,
+        )
+        self._max_kv_cache_bytes = cfg.max_kv_cache_bytes
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         self.stats = GenerateStats()
         self._requests: dict[str, Sequence] = {}
@@ -82,6 +108,11 @@ class LLMEngine:
         self._grammars: GrammarCompiler | None = None  # built on the first structured request
         self._grammars_lock = threading.Lock()  # make_sequence may run on another thread than step
         self._token_text: dict[int, str] = {}  # decoded_token of logprobs, one decode per token id
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        """An engine built with `config`."""
+        return cls(**config.to_dict())
 
     @contextlib.contextmanager
     def _exclusive(self, op: str) -> Iterator[None]:
@@ -105,6 +136,7 @@ class LLMEngine:
 
     @max_num_seqs.setter
     def max_num_seqs(self, value: int) -> None:
+        self.engine_config = EngineConfig(**{**self.engine_config.to_dict(), "max_num_seqs": value})  # validated
         self.scheduler.max_num_seqs = value
 
     @property
@@ -114,6 +146,7 @@ class LLMEngine:
 
     @max_kv_cache_bytes.setter
     def max_kv_cache_bytes(self, value: int) -> None:
+        self.engine_config = EngineConfig(**{**self.engine_config.to_dict(), "max_kv_cache_bytes": value})
         self._max_kv_cache_bytes = value
         self.scheduler.max_num_blocks = max(1, value // self.runner.kv_bytes_per_block())
 
@@ -126,22 +159,26 @@ class LLMEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         limit = self.config.max_position_embeddings
         if not ids:
-            raise ValueError(f"{label} is empty after tokenization; expected at least one token")
+            raise RequestValidationError("prompt", f"{label} is empty after tokenization; expected at least one token")
         if min(ids) < 0 or max(ids) >= self.config.vocab_size:
-            raise ValueError(f"{label} has token ids outside [0, {self.config.vocab_size}) (the vocabulary)")
+            raise RequestValidationError(
+                "prompt", f"{label} has token ids outside [0, {self.config.vocab_size}) (the vocabulary)"
+            )
         room = limit if params.max_tokens == 0 else limit - 1  # a scoring request generates nothing
         if len(ids) > room:
-            raise ValueError(
+            raise RequestValidationError(
+                "prompt",
                 f"{label} has {len(ids)} tokens; the model's context is {limit} tokens "
-                f"(max_position_embeddings), so at most {room} prompt tokens fit"
+                f"(max_position_embeddings), so at most {room} prompt tokens fit",
             )
         self._check_token_ids(label, params)
         max_len = min(len(ids) + params.max_tokens, limit)
         need, budget = self.scheduler.block_manager.blocks_for(max_len), self.max_kv_blocks()
         if need > budget:
-            raise ValueError(
+            raise RequestValidationError(
+                "max_tokens",
                 f"{label} needs {need} KV blocks ({max_len} tokens) but max_kv_cache_bytes allows {budget}; "
-                f"raise max_kv_cache_bytes or lower max_tokens"
+                f"raise max_kv_cache_bytes or lower max_tokens",
             )
         gen = None
         if params.seed is not None:
@@ -180,8 +217,9 @@ class LLMEngine:
         ):
             bad = [t for t in ids if t >= vocab]
             if bad:
-                raise ValueError(
-                    f"SamplingParams: {name} of {label} has token ids {bad[:5]} outside [0, {vocab}) (the vocabulary)"
+                raise RequestValidationError(
+                    name,
+                    f"SamplingParams: {name} of {label} has token ids {bad[:5]} outside [0, {vocab}) (the vocabulary)",
                 )
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
@@ -273,15 +311,15 @@ class LLMEngine:
             else:
                 self.stats.decode_tokens += len(batch.seqs)
                 self.stats.decode_s += now - t0
-            self._num_generation_tokens += len(batch.seqs)
-            return outputs + self._postprocess(batch.seqs, result, now)
+            return outputs + self._postprocess(batch, result, now)
 
     def _sampling_inputs(self, batch: SchedulerOutput) -> None:
         """What the sampler needs beyond the parameters, for the sequences that use it: tokens banned this
         step (eos and stop_token_ids before min_tokens, bad words' next tokens) and the grammars' bitmask."""
         banned: list[list[int]] | None = None
         rows = []
-        for r, seq in enumerate(batch.seqs):
+        for r in batch.sample_rows:  # (a prompt chunk that does not reach its end samples nothing)
+            seq = batch.seqs[r]
             p = seq.params
             if seq.matcher is not None:
                 rows.append(r)
@@ -301,28 +339,50 @@ class LLMEngine:
         batch.bitmask_rows = rows
         batch.bitmask = self.grammars().bitmask([batch.seqs[r].matcher for r in rows]) if rows else None
 
-    def _postprocess(self, seqs: list[Sequence], result: StepResult, now: float) -> list[RequestOutput]:
+    def _postprocess(self, batch: SchedulerOutput, result: StepResult, now: float) -> list[RequestOutput]:
         """After the forward pass, in one place: commit the computed blocks, record prompt logprobs, append
         each token (with its logprobs), check the stops, detokenize, and finish the requests that ended
-        (their blocks freed)."""
+        (their blocks freed). A sequence whose prompt chunk does not reach its end reports nothing yet; one
+        that failed (in the runner, or here) finishes with finish_reason "error" and the others go on."""
         outputs = []
-        for r, (seq, token) in enumerate(zip(seqs, result.token_ids, strict=True)):
-            self.scheduler.commit(seq)
-            prompt_rows = result.prompt_logprobs.get(r)
-            if prompt_rows is not None:
-                seq.prompt_logprobs = [None, *(self._logprob_dict(x) for x in prompt_rows)]
+        for r, seq in enumerate(batch.seqs):
+            error = result.errors.get(r)
             new: list[int] = []
-            if seq.params.max_tokens == 0:  # a scoring request: the prompt's logprobs are the answer
-                seq.finish, seq.end_s, seq.first_token_s = FinishReason.LENGTH, now, now
-                delta = ""
-            else:
-                new = [token]
-                row = result.sampled.logprobs[r]
-                if row is not None:
-                    seq.cumulative_logprob += row.logprob
-                    if seq.logprobs is not None:
-                        seq.logprobs.append(self._logprob_dict(row))
-                delta = self._append(seq, token, now)
+            delta = ""
+            if error is None:
+                try:
+                    completes = batch.completes(r)
+                    start = seq.num_computed_tokens
+                    self.scheduler.commit(seq, batch.num_tokens[r])
+                    prompt_rows = result.prompt_logprobs.get(r)
+                    if prompt_rows is not None:
+                        if start == 0:  # a prefill from the start (again, after a preemption)
+                            seq.partial_prompt_logprobs = []
+                        seq.partial_prompt_logprobs += (self._logprob_dict(x) for x in prompt_rows)
+                    if seq.wants_prompt_logprobs and seq.num_computed_tokens >= seq.num_prompt:
+                        seq.prompt_logprobs = [None, *seq.partial_prompt_logprobs]
+                        seq.partial_prompt_logprobs = []
+                    if not completes:
+                        continue  # a prompt chunk: nothing to report yet
+                    if seq.params.max_tokens == 0:  # a scoring request: the prompt's logprobs are the answer
+                        seq.finish, seq.end_s, seq.first_token_s = FinishReason.LENGTH, now, now
+                    else:
+                        token = result.token_ids[r]
+                        if token is None:
+                            raise RuntimeError("the runner returned no token for a sequence that completes its step")
+                        new = [token]
+                        self._num_generation_tokens += 1
+                        row = result.logprobs[r]
+                        if row is not None:
+                            seq.cumulative_logprob += row.logprob
+                            if seq.logprobs is not None:
+                                seq.logprobs.append(self._logprob_dict(row))
+                        delta = self._append(seq, token, now)
+                except Exception as exc:  # noqa: BLE001 - this request fails alone
+                    log.warning("request %r failed after its forward pass", seq.request_id, exc_info=True)
+                    error, new, delta = f"the engine failed on this request: {exc}", [], ""
+            if error is not None:
+                seq.finish, seq.error, seq.end_s = FinishReason.ERROR, error, now
             if seq.finish is not None:
                 self.scheduler.finish(seq)
                 del self._requests[seq.request_id]

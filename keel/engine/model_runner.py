@@ -8,7 +8,8 @@ model, as gpt-fast applies compilation in its runner, so the model code stays pl
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,21 +18,36 @@ from keel.engine.scheduler import SchedulerOutput
 from keel.layers.attention import PAGE_MULTIPLE, AttnMetadata, PagedAttention
 from keel.layers.fp8_linear import quantize_linears
 from keel.layers.linear import can_pack, keel_linears, pack_linears
-from keel.layers.sampler import RowLogprobs, SamplerOutput, prompt_logprobs, sample
+from keel.layers.sampler import RowLogprobs, prompt_logprobs, sample
 from keel.models.llama import LlamaForCausalLM
+
+log = logging.getLogger("keel.engine")
 
 
 @dataclass(slots=True)
 class StepResult:
-    """One step's sampled tokens (with logprobs where asked) and, for the sequences that asked for prompt
-    logprobs in this prefill, theirs (batch row -> one entry per prompt token after the first)."""
+    """One step's result per batch row: the next token (None: the row's prompt chunk does not reach its
+    end, it is a scoring request, or it failed), its logprobs where asked, the prompt logprobs this
+    step's chunk gives (batch row -> one entry per prompt token it predicts, for the sequences that ask
+    for them), and the rows that failed alone (row -> why)."""
 
-    sampled: SamplerOutput
-    prompt_logprobs: dict[int, list[RowLogprobs]]
+    token_ids: list[int | None]
+    logprobs: list[RowLogprobs | None]
+    prompt_logprobs: dict[int, list[RowLogprobs]] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
 
-    @property
-    def token_ids(self) -> list[int]:
-        return self.sampled.token_ids
+    @staticmethod
+    def merge(parts: list[StepResult]) -> StepResult:
+        """The results of one-row batches, in row order, as one."""
+        out = StepResult([], [])
+        for r, part in enumerate(parts):
+            out.token_ids += part.token_ids
+            out.logprobs += part.logprobs
+            if 0 in part.prompt_logprobs:
+                out.prompt_logprobs[r] = part.prompt_logprobs[0]
+            if 0 in part.errors:
+                out.errors[r] = part.errors[0]
+        return out
 
 
 class ModelRunner:
@@ -79,16 +95,18 @@ class ModelRunner:
         return torch.tensor(values, dtype=dtype, device=self.device)
 
     def prepare(self, batch: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:
-        """Pack every sequence's uncomputed tokens (prefill: the prompt past its cached prefix; decode: the
-        last token) into one varlen batch: input ids, positions, attention metadata."""
+        """Pack every sequence's tokens of this step (prefill: a chunk of the prompt past its cached prefix
+        and its earlier chunks; decode: the last token) into one varlen batch: input ids, positions,
+        attention metadata."""
         seqs, bs = batch.seqs, self.block_size
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         cu = [0]
-        for seq in seqs:
-            start, end, table = seq.num_computed_tokens, len(seq.token_ids), seq.block_table
-            if start >= end or len(table) * bs < end:
+        for seq, n in zip(seqs, batch.num_tokens, strict=True):
+            start, table = seq.num_computed_tokens, seq.block_table
+            end = start + n
+            if start >= end or end > len(seq.token_ids) or len(table) * bs < end:
                 raise RuntimeError(
                     f"ModelRunner: sequence {seq.request_id!r} has {end - start} tokens to compute "
                     f"and room for {len(table) * bs} in its {len(table)} blocks; expected >= 1 and room for {end}"
@@ -98,7 +116,7 @@ class ModelRunner:
             slots += slot_mapping(table, bs, start, end)
             cu.append(cu[-1] + end - start)
         width = max(len(s.block_table) for s in seqs)
-        lens_k = [len(s.token_ids) for s in seqs]
+        lens_k = [s.num_computed_tokens + n for s, n in zip(seqs, batch.num_tokens, strict=True)]
         # Two host-to-tensor copies per step, not seven: the int64 inputs and the int32 metadata are each
         # one tensor, and the step's tensors are contiguous views of them (the kernels read 1-D slices).
         t = len(ids)
@@ -125,7 +143,7 @@ class ModelRunner:
         )
         if bs % PAGE_MULTIPLE:
             ctx.context_slots = self._tensor(
-                [p for s in seqs for p in slot_mapping(s.block_table, bs, 0, len(s.token_ids))]
+                [p for s, k in zip(seqs, lens_k, strict=True) for p in slot_mapping(s.block_table, bs, 0, k)]
             )
         return longs[:t], longs[t : 2 * t], ctx
 
@@ -147,29 +165,59 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     def run(self, batch: SchedulerOutput) -> StepResult:
-        """One step: the forward pass, then each sequence's next token (with what the engine put in `batch`
-        for the sampler); prompt logprobs for the sequences in prefill that ask for them."""
-        seqs = batch.seqs
-        prompt_rows = [r for r, s in enumerate(seqs) if s.wants_prompt_logprobs and s.num_computed_tokens == 0]
+        """One step: the forward pass, then the next token of each sequence whose chunk completes it (with
+        what the engine put in `batch` for the sampler); prompt logprobs for the sequences in prefill that
+        ask for them. A failure fails only its rows: a sampler row that cannot be sampled is an error of
+        that row; when the forward pass itself raises, the batch is run again row by row and the rows that
+        fail alone are the errors (nothing was sampled before the forward pass, so the others sample as
+        they would have)."""
+        try:
+            return self._run(batch)
+        except Exception as exc:  # noqa: BLE001 - which rows caused it is found below
+            if len(batch.seqs) == 1:
+                log.warning("step failed for request %r", batch.seqs[0].request_id, exc_info=True)
+                return StepResult([None], [None], {}, {0: f"the engine failed on this request: {exc}"})
+            log.warning("step of %d sequences failed; retrying row by row", len(batch.seqs), exc_info=True)
+            return StepResult.merge([self.run(batch.subset([r])) for r in range(len(batch.seqs))])
+
+    def _run(self, batch: SchedulerOutput) -> StepResult:
+        seqs, counts = batch.seqs, batch.num_tokens
+        prompt_rows = [
+            r
+            for r, s in enumerate(seqs)
+            if s.wants_prompt_logprobs and s.num_computed_tokens < s.num_prompt - 1 and counts[r]
+        ]
         logits = self.forward(batch, prompt_rows=prompt_rows)
-        last = logits[: len(seqs)]
-        sampled = sample(
-            last,
-            [s.params for s in seqs],
-            [s.generator for s in seqs],
-            [s.token_ids for s in seqs],
-            num_prompt=[s.num_prompt for s in seqs],
-            banned=batch.banned,
-            bitmask=batch.bitmask,
-            bitmask_rows=batch.bitmask_rows,
-            logprob_rows=[r for r, s in enumerate(seqs) if s.tracks_logprob],
-        )
-        prompt: dict[int, list[RowLogprobs]] = {}
+        result = StepResult([None] * len(seqs), [None] * len(seqs))
+        rows = batch.sample_rows
+        if rows:
+            last = logits[: len(seqs)] if len(rows) == len(seqs) else logits[torch.tensor(rows, device=self.device)]
+            where = {r: j for j, r in enumerate(rows)}
+            mask_rows = [where[r] for r in batch.bitmask_rows]  # the engine asks bitmasks of sampled rows only
+            sampled = sample(
+                last,
+                [seqs[r].params for r in rows],
+                [seqs[r].generator for r in rows],
+                [seqs[r].token_ids for r in rows],
+                num_prompt=[seqs[r].num_prompt for r in rows],
+                banned=None if batch.banned is None else [batch.banned[r] for r in rows],
+                bitmask=batch.bitmask,
+                bitmask_rows=mask_rows,
+                logprob_rows=[j for j, r in enumerate(rows) if seqs[r].tracks_logprob],
+            )
+            for j, r in enumerate(rows):
+                if j in sampled.errors:
+                    result.errors[r] = sampled.errors[j]
+                else:
+                    result.token_ids[r], result.logprobs[r] = sampled.token_ids[j], sampled.logprobs[j]
         at = len(seqs)
         for r in prompt_rows:
-            seq = seqs[r]
-            n = len(seq.token_ids) - seq.num_computed_tokens
+            seq, n = seqs[r], counts[r]
+            start = seq.num_computed_tokens
+            m = min(start + n, seq.num_prompt - 1) - start  # positions whose next token is a prompt token
             k = seq.params.prompt_logprobs or 0
-            prompt[r] = prompt_logprobs(logits[at : at + n - 1], seq.prompt_token_ids, k)
+            result.prompt_logprobs[r] = prompt_logprobs(
+                logits[at : at + m], seq.prompt_token_ids[start + 1 : start + 1 + m], k
+            )
             at += n
-        return StepResult(sampled, prompt)
+        return result

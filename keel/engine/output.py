@@ -46,7 +46,7 @@ class RequestOutput:
     delta_text: str
     new_token_ids: list[int]
     finished: bool
-    finish_reason: str | None  # "stop" (eos or stop string), "length", "abort"; None while running
+    finish_reason: str | None  # "stop" (eos or stop string), "length", "abort", "error"; None while running
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     ttft_s: float  # time to first token, from add_request
     total_s: float  # from add_request to this output
@@ -55,6 +55,7 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # complete from the first output; [0] is None
     cumulative_logprob: float | None = None  # sum of the sampled tokens' logprobs (when logprobs are computed)
     outputs: list[CompletionOutput] | None = None  # LLM.generate: the n completions (this one is outputs[0])
+    error: str | None = None  # finish_reason "error": what failed for this request alone (the others go on)
 
 
 @dataclass(slots=True, frozen=True)
@@ -106,4 +107,5 @@ def request_output(seq: Sequence, new_token_ids: list[int], delta: str) -> Reque
         new_logprobs=new_logprobs,
         prompt_logprobs=seq.prompt_logprobs,
         cumulative_logprob=seq.cumulative_logprob if seq.tracks_logprob else None,
+        error=seq.error,
     )

@@ -6,9 +6,17 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
+
+from keel.engine.errors import RequestValidationError
+from keel.layers.sampler import SAMPLING_EPS
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+# Multiplying or dividing a seen token's logit by at most 100 keeps every float32 logit below 1e4 finite
+# (and far from the 3.4e38 ceiling after a temperature >= SAMPLING_EPS); the range covers every use
+# (vLLM and transformers suggest 1.0-2.0). Below it the division overflows: 1e-300 is 0 in float32.
+REPETITION_PENALTY_RANGE = (1e-2, 100.0)
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(slots=True)
@@ -25,12 +33,16 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [name for name in self.kinds() if self._value(name) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(
+            raise RequestValidationError(
+                "structured_outputs",
                 f"StructuredOutputsParams: exactly one of json, regex, choice, grammar, json_object must be set, "
-                f"got {given or 'none'}"
+                f"got {given or 'none'}",
             )
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
-            raise ValueError("StructuredOutputsParams: choice must be a non-empty list of non-empty strings")
+            raise RequestValidationError(
+                "structured_outputs.choice",
+                "StructuredOutputsParams: choice must be a non-empty list of non-empty strings",
+            )
 
     @staticmethod
     def kinds() -> tuple[str, ...]:
@@ -54,8 +66,9 @@ class StructuredOutputsParams:
 
 @dataclass(slots=True)
 class SamplingParams:
-    """Sampling and stopping controls; temperature 0 means greedy (keel's default, deterministic). Every
-    extra control defaults to off; a request that uses none of them samples exactly as before."""
+    """Sampling and stopping controls; temperature 0 (or anything below SAMPLING_EPS, 1e-5) means greedy
+    (keel's default, deterministic). Every extra control defaults to off; a request that uses none of them
+    samples exactly as before. A value out of range raises RequestValidationError naming the field."""
 
     max_tokens: int = 64  # 0 only for scoring requests (prompt_logprobs set): prefill, no output token
     temperature: float = 0.0
@@ -89,71 +102,94 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         _check_int("max_tokens", self.max_tokens, 0)
         if self.max_tokens == 0 and self.prompt_logprobs is None:
-            raise ValueError(
+            _fail(
+                "max_tokens",
                 "SamplingParams: max_tokens must be >= 1, got 0 (0 is allowed only for scoring requests, "
-                "with prompt_logprobs set)"
+                "with prompt_logprobs set)",
             )
-        if not self.temperature >= 0 or math.isinf(self.temperature):
-            raise ValueError(f"SamplingParams: temperature must be >= 0 and finite, got {self.temperature}")
+        # finite as the sampler's float32 too: the logits are divided by it (tiny values are greedy, below)
+        if not 0 <= self.temperature <= _FLOAT32_MAX:
+            _fail("temperature", f"SamplingParams: temperature must be >= 0 and finite, got {self.temperature}")
         _check_int("top_k", self.top_k, 0, "(0 = off)")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingParams: top_p must be in (0, 1], got {self.top_p}")
+            _fail("top_p", f"SamplingParams: top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"SamplingParams: min_p must be in [0, 1], got {self.min_p}")
-        if not self.repetition_penalty > 0 or math.isinf(self.repetition_penalty):
-            raise ValueError(f"SamplingParams: repetition_penalty must be > 0, got {self.repetition_penalty}")
+            _fail("min_p", f"SamplingParams: min_p must be in [0, 1], got {self.min_p}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            _fail(
+                "repetition_penalty",
+                f"SamplingParams: repetition_penalty must be in [{low:g}, {high:g}] (1 = off), "
+                f"got {self.repetition_penalty}",
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
-                raise ValueError(f"SamplingParams: {name} must be in [-2, 2], got {value}")
+                _fail(name, f"SamplingParams: {name} must be in [-2, 2], got {value}")
         if any(not s for s in self.stop):
-            raise ValueError("SamplingParams: stop strings must be non-empty")
+            _fail("stop", "SamplingParams: stop strings must be non-empty")
         if self.logit_bias is not None:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
-            except (TypeError, ValueError, AttributeError) as exc:
-                raise ValueError(
-                    f"SamplingParams: logit_bias must map token ids to numbers, got {self.logit_bias!r}"
+            except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+                raise RequestValidationError(
+                    "logit_bias", f"SamplingParams: logit_bias must map token ids to numbers, got {self.logit_bias!r}"
                 ) from exc
             if any(k < 0 for k in self.logit_bias) or any(math.isnan(v) for v in self.logit_bias.values()):
-                raise ValueError("SamplingParams: logit_bias keys must be token ids >= 0 and values numbers")
+                _fail("logit_bias", "SamplingParams: logit_bias keys must be token ids >= 0 and values numbers")
+            if not all(math.isfinite(v) for v in self.logit_bias.values()):
+                _fail(
+                    "logit_bias",
+                    "SamplingParams: logit_bias values must be finite (they are clipped to [-100, 100]), "
+                    f"got {sorted({v for v in self.logit_bias.values() if not math.isfinite(v)})}",
+                )
         for name in ("allowed_token_ids", "stop_token_ids"):
             ids = getattr(self, name)
             if ids is not None:
                 if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                    raise ValueError(f"SamplingParams: {name} must be a list of token ids >= 0, got {ids!r}")
+                    _fail(name, f"SamplingParams: {name} must be a list of token ids >= 0, got {ids!r}")
                 setattr(self, name, list(ids))
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
-            raise ValueError("SamplingParams: allowed_token_ids must not be empty (None: every token)")
+            _fail("allowed_token_ids", "SamplingParams: allowed_token_ids must not be empty (None: every token)")
         if self.bad_words is not None and not all(isinstance(w, str) and w.strip() for w in self.bad_words):
-            raise ValueError(f"SamplingParams: bad_words must be non-empty strings, got {self.bad_words!r}")
+            _fail("bad_words", f"SamplingParams: bad_words must be non-empty strings, got {self.bad_words!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not -(1 << 63) <= self.seed < 1 << 64
+        ):
+            _fail(
+                "seed", f"SamplingParams: seed must be an integer in [-2**63, 2**64) (None = random), got {self.seed!r}"
+            )
         _check_int("min_tokens", self.min_tokens, 0)
         if self.max_tokens and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"SamplingParams: min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            _fail(
+                "min_tokens",
+                f"SamplingParams: min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}",
             )
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None:
                 _check_int(name, k, 0, f"and <= {MAX_LOGPROBS} (None = off)")
                 if k > MAX_LOGPROBS:
-                    raise ValueError(f"SamplingParams: {name} must be in [0, {MAX_LOGPROBS}] (None = off), got {k}")
+                    _fail(name, f"SamplingParams: {name} must be in [0, {MAX_LOGPROBS}] (None = off), got {k}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise ValueError(
+            _fail(
+                "structured_outputs",
                 "SamplingParams: structured_outputs must be a StructuredOutputsParams, "
-                f"got {type(self.structured_outputs).__name__}"
+                f"got {type(self.structured_outputs).__name__}",
             )
         _check_int("n", self.n, 1)
         if self.best_of is not None:
             _check_int("best_of", self.best_of, 1)
             if self.best_of < self.n:
-                raise ValueError(f"SamplingParams: best_of must be >= n ({self.n}), got {self.best_of}")
+                _fail("best_of", f"SamplingParams: best_of must be >= n ({self.n}), got {self.best_of}")
         if self.max_tokens == 0 and self.num_candidates > 1:
-            raise ValueError("SamplingParams: n and best_of must be 1 for a scoring request (max_tokens=0)")
+            _fail("n", "SamplingParams: n and best_of must be 1 for a scoring request (max_tokens=0)")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Argmax sampling: temperature 0, or below SAMPLING_EPS (vLLM's rule: dividing the logits by a
+        tinier temperature overflows float32)."""
+        return self.temperature < SAMPLING_EPS
 
     @property
     def num_candidates(self) -> int:
@@ -161,8 +197,10 @@ class SamplingParams:
         return self.best_of if self.best_of is not None else self.n
 
 
+def _fail(name: str, message: str) -> NoReturn:
+    raise RequestValidationError(name, message)
+
+
 def _check_int(name: str, value: Any, low: int, extra: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(
-            f"SamplingParams: {name} must be an integer >= {low}{' ' + extra if extra else ''}, got {value!r}"
-        )
+        _fail(name, f"SamplingParams: {name} must be an integer >= {low}{' ' + extra if extra else ''}, got {value!r}")

@@ -14,23 +14,65 @@ from keel.engine.sequence import Sequence
 
 @dataclass(slots=True)
 class SchedulerOutput:
-    """One step's work: each sequence computes its tokens [num_computed_tokens, len(token_ids)) into the
-    blocks of its table, which index a pool of `num_kv_blocks` blocks."""
+    """One step's work: sequence r computes its tokens [num_computed_tokens, num_computed_tokens +
+    num_tokens[r]) into the blocks of its table, which index a pool of `num_kv_blocks` blocks. A prompt
+    longer than the step's token budget is computed in chunks over several steps (chunked prefill); only a
+    sequence whose chunk reaches its last token gets a next token."""
 
     seqs: list[Sequence]
     num_prompt_tokens: int  # tokens of prompt work (0: a pure decode step)
     num_kv_blocks: int
+    num_tokens: list[int] = field(default_factory=list)  # per sequence; empty: all its uncomputed tokens
     # what the engine adds for the sampler before the runner runs the step (None / empty: nothing to do)
     banned: list[list[int]] | None = None  # per sequence: tokens masked this step (min_tokens, bad words)
     bitmask: Any = None  # int32 [len(bitmask_rows), ceil(V/32)]: structured outputs' allowed tokens
     bitmask_rows: list[int] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not self.num_tokens:
+            self.num_tokens = [s.num_new_tokens for s in self.seqs]
+        if len(self.num_tokens) != len(self.seqs):
+            raise ValueError(
+                f"SchedulerOutput: num_tokens needs one entry per sequence ({len(self.seqs)}), "
+                f"got {len(self.num_tokens)}"
+            )
+
+    def completes(self, r: int) -> bool:
+        """Sequence r's chunk reaches its last token: the step gives it logits for its next token."""
+        seq = self.seqs[r]
+        return seq.num_computed_tokens + self.num_tokens[r] == len(seq.token_ids)
+
+    @property
+    def sample_rows(self) -> list[int]:
+        """The rows that get a next token this step (a scoring request, max_tokens 0, samples none)."""
+        return [r for r, s in enumerate(self.seqs) if self.completes(r) and s.params.max_tokens]
+
+    def subset(self, rows: list[int]) -> SchedulerOutput:
+        """The same step for `rows` only (the runner retries a failed batch row by row)."""
+        where = {r: i for i, r in enumerate(self.bitmask_rows)}
+        kept = [(j, where[r]) for j, r in enumerate(rows) if r in where]
+        return SchedulerOutput(
+            [self.seqs[r] for r in rows],
+            sum(self.num_tokens[r] for r in rows if self.num_tokens[r] > 1 or not self.seqs[r].output_ids),
+            self.num_kv_blocks,
+            [self.num_tokens[r] for r in rows],
+            None if self.banned is None else [self.banned[r] for r in rows],
+            self.bitmask[[i for _, i in kept]] if self.bitmask is not None and kept else None,
+            [j for j, _ in kept] if self.bitmask is not None and kept else [],
+        )
+
 
 class Scheduler:
     """Waiting requests queue in arrival order; running ones decode one token per step. Each step first
     gives every running sequence room for its next token, preempting the most recently admitted one when
-    the pool is out of blocks (its blocks freed, back to the front of `waiting`, recomputed later), then
-    admits waiting sequences while sequence slots, the token budget and free blocks allow.
+    the pool is out of blocks (its blocks freed, back to the front of `waiting`, recomputed later). Then
+    the step's token budget (`max_num_batched_tokens`) goes to the decodes first (one token each), then to
+    waiting sequences admitted while sequence slots and free blocks allow, then to the next chunks of
+    prompts admitted earlier, oldest first. A prompt longer than what is left is computed in chunks over
+    the next steps (chunked prefill): a long prompt holds the running decodes back by at most one budget's
+    worth of compute a step, and a short request that arrives meanwhile starts at the next step (vLLM v1
+    serves running prefills before waiting requests; here a new arrival does not wait for a long prompt's
+    last chunk). An admitted sequence holds blocks for all its tokens from its admission on.
 
     The pool starts empty and grows on demand (at least doubling) up to `max_num_blocks`."""
 
@@ -72,10 +114,13 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.release(seq)
 
-    def commit(self, seq: Sequence) -> None:
-        """After the forward pass: every token of `seq` has its K/V in the cache; its newly full blocks join
-        the prefix cache."""
-        seq.num_computed_tokens = len(seq.token_ids)
+    def commit(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """After the forward pass: the step's `num_tokens` of `seq` (default: all) have their K/V in the
+        cache; its newly full blocks join the prefix cache."""
+        if num_tokens is None:
+            seq.num_computed_tokens = len(seq.token_ids)
+        else:
+            seq.num_computed_tokens = min(seq.num_computed_tokens + num_tokens, len(seq.token_ids))
         self.block_manager.commit(seq)
 
     def reserve(self, seqs: list[Sequence]) -> None:
@@ -116,9 +161,9 @@ class Scheduler:
         return True
 
     def schedule(self) -> SchedulerOutput:
-        """The sequences of the next step; each computes `seq.num_new_tokens` tokens."""
+        """The sequences of the next step and how many tokens each computes (`num_tokens`)."""
         bm = self.block_manager
-        batch: list[Sequence] = []
+        ready: list[Sequence] = []
         preempted = False
         i = 0
         while i < len(self.running):
@@ -132,28 +177,40 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                batch.append(seq)
+                ready.append(seq)
                 i += 1
-        budget = self.max_num_batched_tokens - len(batch)
-        while not preempted and self.waiting and len(self.running) < self.max_num_seqs:
+        budget = self.max_num_batched_tokens
+        batch: list[Sequence] = []
+        counts: list[int] = []
+
+        def take(seq: Sequence) -> None:
+            nonlocal budget
+            n = min(seq.num_new_tokens, budget)
+            batch.append(seq)
+            counts.append(n)
+            budget -= n
+
+        for seq in ready:  # decodes first: one token each
+            if budget and seq.num_new_tokens == 1:
+                take(seq)
+        while not preempted and budget and self.waiting and len(self.running) < self.max_num_seqs:
             # (after a preemption, admitting would only take the blocks the running ones are short of)
             seq = self.waiting[0]
             hit = bm.cached_prefix(seq.token_ids)  # once per admission, passed on to the allocation
             if seq.wants_prompt_logprobs and hit.num_tokens:  # every prompt position's logits are needed
                 hit = PrefixHit([], [], 0)
-            new_tokens = len(seq.token_ids) - hit.num_tokens
-            if batch and new_tokens > budget:
-                break
-            if not self._admit(seq, hit, new_tokens):
+            if not self._admit(seq, hit, len(seq.token_ids) - hit.num_tokens):
                 break
             self.waiting.popleft()
             self.running.append(seq)
-            batch.append(seq)
-            budget -= seq.num_new_tokens
+            take(seq)
+        for seq in ready:  # then the next chunks of prompts admitted earlier, oldest first
+            if budget and seq.num_new_tokens > 1:
+                take(seq)
         if not batch and self.waiting:
             raise RuntimeError(
                 f"the KV cache ({bm.num_blocks} blocks) cannot fit the next request "
                 f"({bm.blocks_for(len(self.waiting[0].token_ids))} blocks)"
             )
-        prompt = sum(s.num_new_tokens for s in batch if s.num_new_tokens > 1 or not s.output_ids)
-        return SchedulerOutput(batch, prompt, bm.num_blocks)
+        prompt = sum(n for s, n in zip(batch, counts, strict=True) if n > 1 or not s.output_ids)
+        return SchedulerOutput(batch, prompt, bm.num_blocks, counts)

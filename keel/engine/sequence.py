@@ -18,6 +18,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # an eos token or a stop string
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # abort_request
+    ERROR = "error"  # this request alone failed (its sampler row or its forward pass): see Sequence.error
 
 
 @dataclass(slots=True)
@@ -44,11 +45,13 @@ class Sequence:
     end_s: float = 0.0
     # sampling extras (all off for a plain request)
     logprobs: list[dict[int, Any]] | None = None  # per output token: token id -> output.Logprob
-    prompt_logprobs: list[dict[int, Any] | None] | None = None  # filled by the prefill pass when asked
+    prompt_logprobs: list[dict[int, Any] | None] | None = None  # set when the prefill's last chunk is done
+    partial_prompt_logprobs: list[dict[int, Any]] = field(default_factory=list)  # the chunks' so far
     cumulative_logprob: float = 0.0  # of the sampled tokens (tracked when tracks_logprob)
     tracks_logprob: bool = False  # logprobs asked, or best_of ranks candidates by cumulative logprob
     bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences of SamplingParams.bad_words
     matcher: Any = None  # structured outputs: the request's grammar matcher (keel.structured)
+    error: str | None = None  # why the request failed alone (finish ERROR)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)

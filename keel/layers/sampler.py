@@ -12,20 +12,25 @@ inputs (parameters, generator, tokens seen so far), nothing of the engine's requ
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+# Temperatures below this sample greedily (vLLM's _SAMPLING_EPS): dividing logits by a tinier one
+# overflows float32 (1e-40 is a denormal; 5e-324 is 0) and the probabilities become inf / NaN.
+SAMPLING_EPS = 1e-5
 
 
 class SamplingOptions(Protocol):
     """What the sampler reads of one request's parameters (`keel.SamplingParams` has these fields)."""
 
     @property
-    def temperature(self) -> float: ...  # 0: greedy
+    def temperature(self) -> float: ...  # 0 (below SAMPLING_EPS): greedy
 
     @property
     def top_k(self) -> int: ...  # 0: off
@@ -68,8 +73,9 @@ class RowLogprobs:
 
 @dataclass(slots=True)
 class SamplerOutput:
-    token_ids: list[int]  # one per row
-    logprobs: list[RowLogprobs | None]  # one per row; None where nobody asked
+    token_ids: list[int]  # one per row (-1 for a row in `errors`)
+    logprobs: list[RowLogprobs | None]  # one per row; None where nobody asked (or the row failed)
+    errors: dict[int, str] = field(default_factory=dict)  # row -> why it has no token; the other rows are fine
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> None:
@@ -87,6 +93,7 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
         sorted_logits, order = torch.sort(logits, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
+        drop[0] = False  # the top token always stays (a top_p below float32's smallest value is 0 there)
         logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
     return logits
 
@@ -212,10 +219,13 @@ def _logprobs(raw: torch.Tensor, tokens: list[int], ks: list[int]) -> list[RowLo
     ]
 
 
-def prompt_logprobs(logits: torch.Tensor, prompt_ids: Sequence[int], k: int) -> list[RowLogprobs]:
-    """Logits [L-1, V] of positions 0 .. L-2 -> each next prompt token's (ids[1:]) logprob, rank and top-k."""
+def prompt_logprobs(logits: torch.Tensor, next_ids: Sequence[int], k: int) -> list[RowLogprobs]:
+    """Logits [N, V] of N prompt positions -> the logprob, rank and top-k of the token each predicts,
+    `next_ids` (for a whole prompt: the logits of positions 0 .. L-2 and ids[1:]; a chunk gives its part)."""
     out: list[RowLogprobs] = []
-    ids = list(prompt_ids[1:])
+    ids = list(next_ids)
+    if len(ids) != logits.shape[0]:
+        raise ValueError(f"prompt_logprobs: expected one next token per logits row ({logits.shape[0]}), got {len(ids)}")
     for start in range(0, len(ids), 512):  # bounded float32 copies for long prompts
         out += _logprobs(logits[start : start + 512], ids[start : start + 512], [k] * len(ids[start : start + 512]))
     return out
@@ -248,6 +258,48 @@ def greedy(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()
 
 
+def _processed_rows(
+    logits: torch.Tensor,
+    rows: list[int],
+    params: Sequence[SamplingOptions],
+    token_ids: Sequence[Sequence[int]],
+    num_prompt: Sequence[int] | None,
+    banned: Sequence[Sequence[int]] | None,
+    bitmask: torch.Tensor | None,
+    bitmask_rows: Sequence[int] | None,
+) -> None:
+    """Penalties and masks for `rows` of logits [B, V], computed on a copy of those rows and written back
+    only when all succeeded (a failure leaves `logits` as it was)."""
+    idx = torch.tensor(rows, device=logits.device)
+    work = logits[idx]  # a copy
+    sub = [params[b] for b in rows]
+    if any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in sub):
+        apply_penalties(
+            work, sub, [token_ids[b] for b in rows], None if num_prompt is None else [num_prompt[b] for b in rows]
+        )
+    where = {b: i for i, b in enumerate(bitmask_rows or ())}
+    masked = [(j, where[b]) for j, b in enumerate(rows) if b in where]
+    sub_bitmask = bitmask[[i for _, i in masked]] if bitmask is not None and masked else None
+    apply_masks(
+        work,
+        sub,
+        None if banned is None else [banned[b] for b in rows],
+        sub_bitmask,
+        [j for j, _ in masked] if sub_bitmask is not None else None,
+    )
+    logits[idx] = work
+
+
+def _failure(exc: BaseException) -> str:
+    return f"sampling failed for this request: {type(exc).__name__}: {exc}"
+
+
+NOT_FINITE = (
+    "sampling failed for this request: its logits became NaN, +inf or all -inf (nothing left to sample) "
+    "after its penalties, masks and temperature"
+)
+
+
 @torch.inference_mode()
 def sample(
     logits: torch.Tensor,
@@ -265,7 +317,11 @@ def sample(
     `generators[b]` (None: torch's global RNG); `token_ids[b]` (prompt + output, the output from
     `num_prompt[b]` on) feeds the penalties; `banned[b]` are masked this step; `bitmask` [R, ceil(V/32)]
     int32 restricts rows `bitmask_rows`. Logprobs come for rows whose params ask (`logprobs` not None) and
-    for `logprob_rows` (sampled token only, unless the params ask for a top k)."""
+    for `logprob_rows` (sampled token only, unless the params ask for a top k).
+
+    A row that cannot be sampled (its penalties or masks raise, its logits are NaN / +inf / all -inf, or
+    multinomial raises) gets token -1 and an entry in `errors`; the other rows are sampled as if it were
+    not there. Malformed arguments (lengths, bitmask shape) still raise."""
     if not len(params) == len(generators) == len(token_ids) == logits.shape[0]:
         raise ValueError(
             f"sample: expected one params / generator / token_ids entry per logits row ({logits.shape[0]}), "
@@ -274,29 +330,83 @@ def sample(
     for name, per_row in (("num_prompt", num_prompt), ("banned", banned)):
         if per_row is not None and len(per_row) != len(params):
             raise ValueError(f"sample: {name} needs one entry per logits row ({len(params)}), got {len(per_row)}")
+    vocab = logits.shape[-1]
+    if (
+        bitmask is not None
+        and bitmask_rows
+        and (bitmask.shape != (len(bitmask_rows), (vocab + 31) // 32) or bitmask.dtype != torch.int32)
+    ):
+        raise ValueError(
+            f"sample: bitmask must be int32 [{len(bitmask_rows)}, {(vocab + 31) // 32}] (one row per "
+            f"bitmask_rows entry, 32 tokens a word), got {tuple(bitmask.shape)} {bitmask.dtype}"
+        )
     logits = _as_float32(logits)
+    errors: dict[int, str] = {}
     lp_rows = sorted({b for b, p in enumerate(params) if p.logprobs is not None} | set(logprob_rows or ()))
     raw = logits[torch.tensor(lp_rows, device=logits.device)] if lp_rows else None  # a copy, before any change
-    if any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params):
-        apply_penalties(logits, params, token_ids, num_prompt)
-    if bitmask_rows or any(banned or ()) or any(p.logit_bias or p.allowed_token_ids is not None for p in params):
-        apply_masks(logits, params, banned, bitmask, bitmask_rows)
+    masked = set(bitmask_rows or ()) | {b for b, ban in enumerate(banned or ()) if ban}
+    proc = [
+        b
+        for b, p in enumerate(params)
+        if p.repetition_penalty != 1.0
+        or p.presence_penalty
+        or p.frequency_penalty
+        or p.logit_bias
+        or p.allowed_token_ids is not None
+        or b in masked
+    ]
+    if proc:
+        args = (params, token_ids, num_prompt, banned, bitmask, bitmask_rows)
+        try:
+            _processed_rows(logits, proc, *args)
+        except Exception as exc:  # noqa: BLE001 - find the rows that fail alone; the others go on
+            for b in proc if len(proc) > 1 else ():
+                try:
+                    _processed_rows(logits, [b], *args)
+                except Exception as row_exc:  # noqa: BLE001
+                    errors[b] = _failure(row_exc)
+            if len(proc) == 1:
+                errors[proc[0]] = _failure(exc)
     out = greedy(logits)  # greedy rows; sampled rows are overwritten below
-    hot = [b for b, p in enumerate(params) if p.temperature != 0.0]
+    hot = [b for b, p in enumerate(params) if p.temperature >= SAMPLING_EPS and b not in errors]
+    cold = [b for b in range(len(params)) if b not in errors and params[b].temperature < SAMPLING_EPS]
+    if cold:  # argmax took a NaN (any NaN in the row) or a -inf (every token masked): no token to give
+        cols = [out[b] for b in cold]
+        if logits.device.type == "cpu":  # (numpy: no tensors built for a few values, as `greedy` does)
+            chosen = logits.detach().numpy()[cold, cols].tolist()
+        else:
+            dev = logits.device
+            chosen = logits[torch.tensor(cold, device=dev), torch.tensor(cols, device=dev)].tolist()
+        for b, value in zip(cold, chosen, strict=True):
+            if math.isnan(value) or value == -math.inf:
+                errors[b] = NOT_FINITE
     if hot:
         idx = torch.tensor(hot, device=logits.device)
         scaled = logits[idx] / torch.tensor([params[b].temperature for b in hot], device=logits.device)[:, None]
         min_p = [params[b].min_p for b in hot]
         if any(min_p):
             scaled = apply_min_p(scaled, torch.tensor(min_p, device=logits.device))
+        finite = torch.isfinite(scaled.amax(-1)).tolist()  # NaN, +inf or all -inf: softmax is NaN
         for r, b in enumerate(hot):
             p = params[b]
-            row_logits = filter_top_k_top_p(scaled[r], p.top_k, p.top_p)
-            probs = row_logits.softmax(-1)
-            out[b] = int(torch.multinomial(probs, 1, generator=generators[b]).item())
+            if not finite[r]:
+                errors[b] = NOT_FINITE
+                continue
+            try:
+                row_logits = filter_top_k_top_p(scaled[r], p.top_k, p.top_p)
+                probs = row_logits.softmax(-1)
+                out[b] = int(torch.multinomial(probs, 1, generator=generators[b]).item())
+            except Exception as exc:  # noqa: BLE001 - this row alone fails
+                errors[b] = _failure(exc)
+    for b in errors:
+        out[b] = -1
     logprobs: list[RowLogprobs | None] = [None] * len(params)
-    if raw is not None:
+    if raw is not None and errors:
+        keep = [j for j, b in enumerate(lp_rows) if b not in errors]
+        raw = raw[torch.tensor(keep, dtype=torch.long, device=raw.device)]
+        lp_rows = [lp_rows[j] for j in keep]
+    if raw is not None and lp_rows:
         ks = [params[b].logprobs or 0 for b in lp_rows]
         for b, row in zip(lp_rows, _logprobs(raw, [out[b] for b in lp_rows], ks), strict=True):
             logprobs[b] = row
-    return SamplerOutput(out, logprobs)
+    return SamplerOutput(out, logprobs, errors)

@@ -179,3 +179,44 @@ def test_half_precision_logits_calls_do_not_leak_into_each_other():
         assert second.logprobs[0] is not None
         expected = torch.log_softmax(b[0].float(), -1)[second.token_ids[0]].item()
         assert math.isclose(second.logprobs[0].logprob, expected, rel_tol=1e-6)
+
+
+def test_tiny_temperatures_are_greedy_and_a_tiny_top_p_keeps_the_top_token():
+    """issue 26: temperature 1e-40 (0 in float32) or 5e-324 made the probabilities NaN and multinomial
+    raised; below SAMPLING_EPS a row is greedy. A top_p below float32's smallest value keeps the top token."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50) * 4
+    params = [P(temperature=5e-324), P(temperature=1e-40), P(temperature=1.0, top_p=1e-46), P(temperature=1e-6)]
+    out = sample(logits.clone(), params, [None] * 4, [[0]] * 4)
+    assert out.token_ids == logits.argmax(-1).tolist() and not out.errors
+
+
+def _seeded(n: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(100 + b) for b in range(n)]
+
+
+def test_a_row_that_cannot_be_sampled_fails_alone():
+    """A row whose logits are NaN (sampled or greedy), whose masks raise, or whose every token is masked
+    gets an error and token -1; every other row gets the token it gets when sampled without them."""
+    torch.manual_seed(1)
+    good = torch.randn(3, V) * 2
+    good_params = [P(temperature=0.8, logprobs=2), P(repetition_penalty=1.5), P(temperature=1.2, top_k=3)]
+    bad = torch.randn(4, V)
+    bad[0, 3] = float("nan")
+    bad[1, 5] = float("nan")
+    bad_params = [P(temperature=1.0), P(), P(logit_bias={V: 1.0}), P(allowed_token_ids=[1], logprobs=1)]
+    # interleave: good 0, bad 0, good 1, bad 1, good 2, bad 2, bad 3
+    order = [("g", 0), ("b", 0), ("g", 1), ("b", 1), ("g", 2), ("b", 2), ("b", 3)]
+    logits = torch.stack([good[i] if k == "g" else bad[i] for k, i in order])
+    params = [good_params[i] if k == "g" else bad_params[i] for k, i in order]
+    gens = {("g", i): g for i, g in enumerate(_seeded(3))}
+    banned = [[1] if (k, i) == ("b", 3) else [] for k, i in order]  # with allowed [1]: nothing left
+    tokens = [[0, 1]] * len(order)
+    out = sample(logits, params, [gens.get(o) for o in order], tokens, banned=banned, logprob_rows=[0, 1])
+    alone = sample(good.clone(), good_params, _seeded(3), [[0, 1]] * 3)
+    got = [out.token_ids[r] for r, (k, _) in enumerate(order) if k == "g"]
+    assert got == alone.token_ids
+    assert [out.logprobs[r] for r, (k, _) in enumerate(order) if k == "g"][0] == alone.logprobs[0]
+    assert sorted(out.errors) == [1, 3, 5, 6]
+    assert all(out.token_ids[r] == -1 and out.logprobs[r] is None for r in out.errors)
+    assert "outside [0, 8)" in out.errors[5] and "NaN" in out.errors[1] and "NaN" in out.errors[6]
