@@ -40,7 +40,7 @@ def check(cond: Any, message: Callable[[], str]) -> None:
 
 def below_autograd() -> contextlib.AbstractContextManager[Any]:
     """A context that dispatches below the Autograd key (skips the Python autograd kernel of a
-    custom op when no gradient can flow: most of a small call's cost, docs/measurements/ops-overhead.md).
+    custom op when no gradient can flow: most of a small call's cost, docs/measurements/2026-12-01-ops-overhead.md).
     Fallback: a no-op context, so the call goes through autograd and gives the same result, slower."""
     guard = private(torch._C, "_AutoDispatchBelowAutograd")
     if guard is None:

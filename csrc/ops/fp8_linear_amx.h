@@ -12,7 +12,7 @@
 namespace keel {
 
 // bf16 calls of at least this many rows of x take the AMX kernel (the whole call; set at the measured crossover
-// against the AVX512-BF16 GEMV: docs/measurements/amx-prompt-kernels.md).
+// against the AVX512-BF16 GEMV: docs/measurements/2026-12-02-amx-prompt-kernels.md).
 constexpr int64_t kFp8AmxMinRows = 5;
 constexpr int64_t kFp8AmxBlockN = 32;  // weight rows decoded together (two 16-row A tiles)
 constexpr int64_t kFp8AmxBlockM = 32;  // x rows per register block (two 16-row B tiles)

@@ -31,7 +31,7 @@ KEEL_DECLARE_CPU_KERNEL(linear_cols, LinearParams)
 
 // ---- AMX prompt GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -----------------------------
 // bf16 calls of at least kLinearAmxMinRows rows (the whole call: every row of it takes this path; set at the
-// measured crossover against the AVX512-BF16 GEMV: docs/measurements/amx-prompt-kernels.md).
+// measured crossover against the AVX512-BF16 GEMV: docs/measurements/2026-12-02-amx-prompt-kernels.md).
 constexpr int64_t kLinearAmxMinRows = 5;
 constexpr int64_t kAmxBlockM = 32;  // x rows per register block (two 16-row B tiles)
 constexpr int64_t kAmxBlockN = 32;  // weight rows per register block (two 16-row A tiles)

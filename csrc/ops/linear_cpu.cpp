@@ -2,8 +2,8 @@
 // CPU kernel of keel::linear for few rows (compiled once per ISA, no torch header).
 // Each weight row is read front to back, once for all m rows: one sequential stream that the
 // hardware prefetcher follows, plus a software prefetch 8 KB ahead (how it compares with oneDNN's
-// prepacked GEMV: docs/generation.md, cpu_prepack). Up to 4 x rows share each weight load (more rows loop
-// over groups of 4, re-reading the row from L1), with KU independent accumulators per row.
+// prepacked GEMV: docs/measurements/2026-12-01-generate-vs-transformers.md). Up to 4 x rows share each weight
+// load (more rows loop over groups of 4, re-reading the row from L1), with KU independent accumulators per row.
 //   AVX2 build: GCC vector extensions (ymm FMA; bf16 -> fp32 is a 16-bit shift); the baseline build
 //     gets the same code as SSE pairs.
 //   bf16 on a CPU with AVX512-BF16 (checked at run time): vdpbf16ps, 32 multiply-adds per instruction
@@ -29,7 +29,8 @@ typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
 constexpr int64_t kPrefetchBytes = 8192;  // how far ahead of the current weight column to prefetch
 // decode (AVX512-BF16) also asks for the lines 32 KB ahead into the outer caches (prefetcht2): a token's
-// projections with cold weights are faster with it (scripts/bench/projections.py; docs/measurements/llamacpp.md)
+// projections with cold weights are faster with it (scripts/bench/projections.py;
+// docs/measurements/2026-12-02-llamacpp.md)
 constexpr int64_t kFarPrefetchBytes = 32768;
 
 KEEL_KINLINE f32x8 load8(const float* p) {

@@ -19,8 +19,8 @@ from keel.layers.linear import KeelLinear
 QUANTIZATIONS = ("none", "fp8")
 # DeepGEMM's scale recipes (m, n, k): (1, 128, 128) = 128x128 weight blocks (DeepSeek-V3's);
 # (1, 1, 128) = one scale per weight row and 128-wide K group (4 bytes of scale per 128 weight bytes: 3%
-# more memory), the default: it costs less perplexity at the same decode speed (the measured figures:
-# docs/vendored.md, deep_gemm).
+# more memory), the default: it costs less perplexity at the same decode speed (figures:
+# docs/measurements/2026-12-01-fp8.md).
 BLOCK_RECIPE = (1, 128, 128)
 ROW_RECIPE = (1, 1, 128)
 DEFAULT_RECIPE = ROW_RECIPE

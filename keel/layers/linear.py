@@ -43,9 +43,9 @@ class PackedLinear(nn.Module):
 
     Few rows go to keel's GEMV, which streams the plain weight faster than oneDNN's prepacked kernel does
     at decode sizes; prompts go to oneDNN, which reorders the weight for its blocked GEMM (the crossover
-    measured on SmolLM2-135M: docs/generation.md, cpu_prepack). The cost is both copies of the weight
-    in memory. The oneDNN ops are private torch API (keel._compat): where this torch lacks them, prefill
-    runs `F.linear` on the plain weight."""
+    measured on SmolLM2-135M: docs/measurements/2026-12-01-generate-vs-transformers.md). The cost is both
+    copies of the weight in memory. The oneDNN ops are private torch API (keel._compat): where this torch
+    lacks them, prefill runs `F.linear` on the plain weight."""
 
     def __init__(self, linear: nn.Linear, batch_hint: int = 8, gemv_rows: int = 8) -> None:
         super().__init__()

@@ -238,7 +238,7 @@ def _as_float32(logits: torch.Tensor) -> torch.Tensor:
     """The logits in float32 for the steps below, which change them in place. A half-precision CPU input
     is converted into this thread's buffer of its shape, reused from call to call: a fresh [B, V] float32
     tensor each step is fresh memory from the OS each step (page faults that cost more than the conversion:
-    docs/measurements/decode-overhead.md). The buffer lives only within a call: nothing `sample` returns
+    docs/measurements/2026-12-02-decode-overhead.md). The buffer lives only within a call: nothing `sample` returns
     refers to it."""
     if logits.dtype == torch.float32 or logits.device.type != "cpu":
         return logits.float()
@@ -251,7 +251,7 @@ def _as_float32(logits: torch.Tensor) -> torch.Tensor:
 def greedy(logits: torch.Tensor) -> list[int]:
     """Each row's argmax of float32 logits [B, V]: the first index of the largest value, a NaN counting as
     the largest (torch.argmax's rule). On the CPU through numpy, whose vectorized argmax follows the same
-    rule and is faster than torch's over a vocabulary-wide row (docs/measurements/decode-overhead.md);
+    rule and is faster than torch's over a vocabulary-wide row (docs/measurements/2026-12-02-decode-overhead.md);
     elsewhere torch.argmax."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return logits.detach().numpy().argmax(axis=-1).tolist()

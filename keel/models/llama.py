@@ -40,7 +40,7 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = self.qkv_proj(x).view(t, -1, self.head_dim)  # [T, H + 2 KV, D]
         # head-major views of the one projection: the ops below take strided [T, heads, D] rows (split_with_sizes:
-        # Tensor.split is a Python wrapper that costs more, docs/measurements/decode-overhead.md)
+        # Tensor.split is a Python wrapper that costs more, docs/measurements/2026-12-02-decode-overhead.md)
         q, k, v = qkv.split_with_sizes(self.heads, 1)
         if self.qk_norm:  # rms_norm returns contiguous copies: the rotary then rotates those
             q, k = self.q_norm(q), self.k_norm(k)

@@ -7,7 +7,7 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 
-# the CUDA case carries the `cuda` marker, so `pytest -m cuda` (scripts/device_check.sh) selects it
+# the CUDA case carries the `cuda` marker, so `pytest -m cuda` (scripts/device/check.sh) selects it
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]),
