@@ -10,6 +10,7 @@ import torch
 
 from keel.engine.dtypes import DTYPES
 from keel.engine.errors import ConfigError
+from keel.hf.memory import DEFAULT_KV_CACHE_BYTES
 from keel.hf.resolve import DEFAULT_MODEL
 from keel.layers.fp8_linear import check_quantization
 
@@ -25,7 +26,7 @@ class EngineConfig:
     revision: str | None = None  # hub revision (branch, tag or commit)
     block_size: int = 16  # tokens per KV-cache block (a multiple of 16 takes the paged kernels)
     max_num_seqs: int = 64  # sequences in one step at most
-    max_kv_cache_bytes: int = 4 << 30  # the KV pool's budget; the pool grows to it on demand
+    max_kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES  # the KV pool's budget; the pool grows to it on demand
     # tokens one step computes at most (decodes first, then prompts, longer ones in chunks over several
     # steps): what a long prompt adds to each step of the running decodes. On 2 CPU cores a prompt token
     # costs the same from 64- to 512-token chunks and more in larger ones (docs/measurements/2026-12-02-

@@ -86,7 +86,14 @@ class LLMEngine:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.quantization = check_quantization(cfg.quantization)
         self.tokenizer = Tokenizer(self.folder)
-        self.model = load_model(self.folder, self.config, self.dtype, self.device, progress=cfg.progress)
+        self.model = load_model(
+            self.folder,
+            self.config,
+            self.dtype,
+            self.device,
+            progress=cfg.progress,
+            kv_cache_bytes=cfg.max_kv_cache_bytes,
+        )
         self.runner = ModelRunner(
             self.model, cfg.block_size, cpu_prepack=cfg.cpu_prepack, quantization=self.quantization
         )

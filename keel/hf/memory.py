@@ -24,7 +24,7 @@ import torch
 from .config import FILE, ConfigError, ModelConfig
 
 ENV = "KEEL_MAX_MODEL_BYTES"
-DEFAULT_KV_CACHE_BYTES = 4 << 30  # LLMEngine's default max_kv_cache_bytes
+DEFAULT_KV_CACHE_BYTES = 4 << 30  # the engine's default KV budget (EngineConfig.max_kv_cache_bytes reads it)
 MEMINFO = Path("/proc/meminfo")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
