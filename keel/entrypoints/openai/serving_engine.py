@@ -101,6 +101,11 @@ class Generation:
                 choice.prompt_logprobs = out.prompt_logprobs
             choice.cached_tokens = out.num_cached_tokens or 0
             if out.finished:
+                error = getattr(out, "error", None)
+                if out.finish_reason == "error" or error is not None:  # this request failed alone
+                    raise APIError(
+                        500, f"the engine failed this request: {error or 'unknown error'}", code="engine_error"
+                    )
                 if out.finish_reason != "stop" and out.finish_reason != "length":
                     raise APIError(503, f"the engine ended the request ({out.finish_reason}); retry later")
                 choice.finish_reason = "stop" if out.finish_reason == "stop" else "length"  # checked above
