@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from keel.engine.errors import RequestValidationError
+
+def _invalid(field: str, message: str) -> ValueError:
+    """keel.engine.errors.RequestValidationError (imported here: keel.engine imports this module)."""
+    from keel.engine.errors import RequestValidationError
+
+    return RequestValidationError(field, message)
+
 
 # compact JSON (no free whitespace between tokens): a small model cannot wander off into blank lines, and
 # the output is what json.dumps(separators=(",", ":")) writes
@@ -90,7 +96,7 @@ def check_spec(kind: str, value: Any, limits: GrammarLimits) -> None:
     where = f"structured_outputs.{kind}"
 
     def refuse(what: str) -> None:
-        raise RequestValidationError(where, f"{where}: {what}")
+        raise _invalid(where, f"{where}: {what}")
 
     if kind == "json":
         if isinstance(value, str):
@@ -202,8 +208,8 @@ def grammar_text(kind: str, value: Any) -> str:
         if kind == "grammar":
             return str(grammar_from("grammar", value))  # Lark, or GBNF (converted)
     except (ValueError, TypeError, RecursionError) as exc:
-        raise RequestValidationError(f"structured_outputs.{kind}", f"structured_outputs.{kind}: {exc}") from exc
-    raise RequestValidationError(
+        raise _invalid(f"structured_outputs.{kind}", f"structured_outputs.{kind}: {exc}") from exc
+    raise _invalid(
         "structured_outputs",
         f"structured_outputs: unknown kind {kind!r}; expected json, json_object, regex, choice, grammar",
     )
@@ -265,10 +271,10 @@ class GrammarCompiler:
         grammar = grammar_text(kind, value)
         err = llguidance.LLMatcher.validate_grammar(grammar, self._tok)
         if err and not err.startswith("WARNING"):
-            raise RequestValidationError(where, f"{where}: {err}")
+            raise _invalid(where, f"{where}: {err}")
         template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
         if template.is_error():
-            raise RequestValidationError(where, f"{where}: {template.get_error()}")
+            raise _invalid(where, f"{where}: {template.get_error()}")
         with self._lock:
             self.num_compiled += 1
             self._cache[key] = template

@@ -37,6 +37,7 @@ from keel.entrypoints.openai.completion.api_router import router as completion_r
 from keel.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from keel.entrypoints.openai.errors import APIError, install_handlers, log
 from keel.entrypoints.openai.models.api_router import router as models_router
+from keel.entrypoints.openai.openapi import install_openapi
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
 from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, render_prometheus
 from keel.entrypoints.openai.tokenize.api_router import router as tokenize_router
@@ -148,8 +149,10 @@ async def _send_error(send: Send, err: APIError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class SendTimeout(Exception):
-    """The client did not take a response write within the send timeout (it stopped reading)."""
+class SendTimeout(BaseException):
+    """The client did not take a response write within the send timeout (it stopped reading). A
+    BaseException, like a cancellation: the app's `except Exception` handlers (which would try to send a
+    500 on a response already started) let it through to `Guard`."""
 
 
 class Guard:
@@ -219,9 +222,8 @@ class Guard:
             if body_deadline is None:
                 body_deadline = loop.time() + self.body_timeout_s
             try:
-                async with asyncio.timeout_at(body_deadline):
-                    message = await receive()
-            except TimeoutError:
+                message = await asyncio.wait_for(receive(), max(0.0, body_deadline - loop.time()))
+            except asyncio.TimeoutError:
                 raise HTTPException(
                     408, f"the request body did not arrive within this server's limit of {self.body_timeout_s:g} s"
                 ) from None
@@ -238,20 +240,34 @@ class Guard:
 
         async def timed_send(message: MutableMapping[str, Any]) -> None:
             try:
-                async with asyncio.timeout(self.send_timeout_s):
-                    await send(message)
-            except TimeoutError:
+                await asyncio.wait_for(send(message), self.send_timeout_s)
+            except asyncio.TimeoutError:
                 raise SendTimeout(
                     f"the client took no data for {self.send_timeout_s:g} s (--send-timeout): response ended"
                 ) from None
 
         try:
             await self.app(scope, limited, timed_send)
-        except SendTimeout as exc:
+        except BaseException as caught:
+            exc = _send_timeout_in(caught)
+            if exc is None:
+                raise
             self.num_send_timeouts += 1
             log.warning("keel serve: %s %s: %s", scope.get("method"), scope["path"], exc)
             if transport is not None and hasattr(transport, "abort"):
                 transport.abort()
+
+
+def _send_timeout_in(exc: BaseException) -> SendTimeout | None:
+    """The SendTimeout `exc` is or carries (a task group of the streaming response may wrap it)."""
+    if isinstance(exc, SendTimeout):
+        return exc
+    if type(exc).__name__ in ("BaseExceptionGroup", "ExceptionGroup"):  # builtins from Python 3.11
+        for inner in getattr(exc, "exceptions", ()):
+            found = _send_timeout_in(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _too_large(limit: int) -> APIError:
@@ -307,6 +323,7 @@ def build_app(
         return JSONResponse({"status": "ok"})
 
     label = metrics_label(model_name)
+    install_openapi(app, max_tokens=limits.max_tokens, vocab_size=cfg.vocab_size, api_key=bool(api_key))
 
     @app.get("/metrics")
     async def metrics(raw: Request) -> PlainTextResponse:

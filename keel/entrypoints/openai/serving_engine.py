@@ -325,7 +325,7 @@ class OpenAIServing:
         timeout = self.grammar_limits.compile_timeout_s
         try:
             key = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
-        except TimeoutError as exc:
+        except asyncio.TimeoutError as exc:
             # the worker cannot be interrupted: it finishes in the background, and unpins what it made
             future.add_done_callback(lambda f: f.exception() is None and compiler.release(f.result()))
             raise bad_request(
