@@ -325,7 +325,7 @@ def build_app(
     label = metrics_label(model_name)
     install_openapi(app, max_tokens=limits.max_tokens, vocab_size=cfg.vocab_size, api_key=bool(api_key))
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(raw: Request) -> PlainTextResponse:
         eng: AsyncEngine = raw.app.state.engine
         text = render_prometheus(label, eng, raw.app.state.serving.stats)
