@@ -46,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--api-key",
         default=os.environ.get("KEEL_API_KEY"),
-        help="require `Authorization: Bearer KEY` on /v1/* (default: $KEEL_API_KEY)",
+        help="require `Authorization: Bearer KEY` on every route but /health, /version and /metrics (default: "
+        "$KEEL_API_KEY); printable ASCII without surrounding whitespace",
     )
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded together at most")

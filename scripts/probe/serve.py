@@ -48,6 +48,7 @@ def free_port() -> int:
 class Server:
     model: str
     extra: list[str]
+    baseline: bool = False  # a keel serve from before issue 26: none of its flags
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     log: Any = None
@@ -59,8 +60,10 @@ class Server:
     def start(self, timeout: float = 300) -> None:
         cmd = [sys.executable, "-m", "keel.cli", "serve", "--model", self.model, "--port", str(self.port)]
         cmd += ["--host", HOST, "--served-model-name", MODEL, "--api-key", KEY, "--log-level", "warning"]
-        cmd += ["--trust-request-chat-template", "--max-num-seqs", "4", "--max-waiting", "12"]
-        cmd += ["--send-timeout", "3", "--header-timeout", "3", "--body-timeout", "3", "--chat-template-timeout", "3"]
+        cmd += ["--max-num-seqs", "4", "--max-waiting", "12"]
+        if not self.baseline:
+            cmd += ["--trust-request-chat-template", "--send-timeout", "3", "--header-timeout", "3"]
+            cmd += ["--body-timeout", "3", "--chat-template-timeout", "3"]
         cmd += self.extra
         self.log = tempfile.TemporaryFile()
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -616,10 +619,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[], help="run only categories whose name contains this")
     ap.add_argument("--json", default=None, help="write the results as JSON here")
     ap.add_argument("--case-timeout", type=float, default=60.0)
+    ap.add_argument(
+        "--baseline", action="store_true", help="probe a keel serve from before issue 26 (without its new flags)"
+    )
     ap.add_argument("serve_args", nargs="*", help="extra keel serve arguments (after --)")
     args = ap.parse_args(argv)
-    srv = Server(args.model, list(args.serve_args))
+    srv = Server(args.model, list(args.serve_args), args.baseline)
     srv.start()
+    restarts = 0
     results: list[Result] = []
     try:
         for name, make in CATEGORIES.items():
@@ -627,8 +634,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results.append(run_category(srv, name, make(args.sample), args.case_timeout))
             print(f"{name}: {results[-1].cases} cases, {len(results[-1].unexpected)} unexpected", file=sys.stderr)
-            if not srv.alive():
-                break
+            if not srv.alive():  # a crash: start a fresh server for the next category (counted in the table)
+                restarts += 1
+                srv = Server(args.model, list(args.serve_args), args.baseline)
+                srv.start()
     finally:
         alive = srv.alive()
         code = srv.stop()
@@ -636,12 +645,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         for u in r.unexpected:
             print(f"- {r.category}: {u}")
-    print(f"\nserver alive at the end: {alive}; SIGTERM exit status: {code}")
+    print(f"\nserver alive at the end: {alive}; SIGTERM exit status: {code}; restarts after a crash: {restarts}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"results": [r.__dict__ for r in results], "alive": alive, "exit": code}, indent=1)
         )
-    bad = any(r.crashes or r.server_errors or r.unexpected for r in results) or not alive or code != 0
+    bad = any(r.crashes or r.server_errors or r.unexpected for r in results) or not alive or code != 0 or restarts
     if bad and not alive:
         print(srv.tail(), file=sys.stderr)
     return 1 if bad else 0
