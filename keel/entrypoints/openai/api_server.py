@@ -425,7 +425,7 @@ def _header_timed_protocol(header_timeout_s: float) -> type:
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()
 
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
 

@@ -8,7 +8,7 @@ only), the shape evaluation harnesses use for loglikelihood scoring.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -39,7 +39,7 @@ class OpenAIServingCompletion:
                 if not ids:
                     raise bad_request(f"prompt {i} tokenizes to no tokens", "prompt")
             else:
-                ids = list(p)
+                ids = cast("list[int]", list(p))  # token ids: the request model validated them
                 s.check_prompt_ids(ids, f"prompt {i}")
             ids = s.truncate(req, ids)
             prompts.append(ids)
