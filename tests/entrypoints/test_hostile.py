@@ -407,3 +407,57 @@ def test_param_of_reads_the_engine_errors_field():
 
     assert param_of(RequestValidationError("top_p", "SamplingParams: top_p must be in (0, 1]")) == "top_p"
     assert param_of(ValueError("SamplingParams: top_p must be in (0, 1]")) is None  # no message parsing
+
+
+# ---- item 3: an admission slot is freed when the engine is done, not when the client reads --------------------
+
+
+class _OneStepEngine:
+    """A SyncEngine that finishes every request in the step after it was added."""
+
+    def __init__(self) -> None:
+        self.pending: list[str] = []
+
+    def add_request(self, request_id: str, prompt: Any, params: Any = None) -> None:
+        self.pending.append(request_id)
+
+    def abort_request(self, request_id: str) -> None:
+        if request_id in self.pending:
+            self.pending.remove(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending)
+
+    def step(self) -> list[Any]:
+        from keel.engine.output import RequestOutput
+
+        done, self.pending = self.pending, []
+        return [RequestOutput(r, None, [1], "x", [2], "x", [2], True, "length", 0, 0.0, 0.0) for r in done]
+
+    def metrics(self) -> Any:
+        from keel.engine.output import EngineMetrics
+
+        return EngineMetrics(0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+def test_a_finished_request_holds_no_admission_slot_while_its_reader_lags():
+    import asyncio
+
+    from keel.engine.async_engine import AsyncEngine, Overloaded
+
+    async def scenario() -> tuple[int, int, int]:
+        engine = AsyncEngine(_OneStepEngine(), max_admitted=4)
+        try:
+            stream = await engine.open(["a", "b", "c", "d"], [[1]] * 4, [None] * 4)  # type: ignore[list-item]
+            await asyncio.sleep(0.5)  # the engine finishes them in one step; nobody reads the stream
+            other = await engine.open(["e"], [[1]], [None])  # type: ignore[list-item]  # a slot is free
+            admitted, still_open = engine.num_admitted - 1, engine.num_open - 1
+            other.close()
+            stream.close()
+            return admitted, still_open, engine.num_open
+        except Overloaded:
+            return -1, -1, -1
+        finally:
+            engine.shutdown()
+
+    assert asyncio.run(scenario()) == (0, 4, 0)
