@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a Hugging Face checkpoint with an OpenAI-compatible API: POST /v1/completions, "
         "POST /v1/chat/completions, GET /v1/models, POST /tokenize, POST /detokenize, GET /version, GET /health, "
-        "GET /metrics (Prometheus). SIGTERM / SIGINT drain: /health 503, new requests 503, running ones get "
+        "GET /metrics (Prometheus); /health, /version and /metrics answer without --api-key. "
+        "SIGTERM / SIGINT drain: /health 503, new requests 503, running ones get "
         "--shutdown-timeout seconds.",
     )
     p.add_argument("--model", default=None, help="Hugging Face repo id or local folder (default: keel's demo model)")
@@ -47,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--api-key",
         default=os.environ.get("KEEL_API_KEY"),
-        help="require `Authorization: Bearer KEY` on /v1/* (default: $KEEL_API_KEY)",
+        help="require `Authorization: Bearer KEY` on every route but /health, /version and /metrics (default: "
+        "$KEEL_API_KEY); printable ASCII without surrounding whitespace",
     )
     p.add_argument("--block-size", type=int, default=DEFAULTS.block_size, help="tokens per KV cache block")
     p.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs, help="requests decoded together at most")
@@ -83,6 +85,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="on SIGTERM / SIGINT: seconds running requests get to finish (default 30); streams still open "
         "then end with an error chunk and [DONE]",
     )
+    # --- what a request or a client may hold (issue 26): templates, grammars, timeouts, connections ---
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a request's own `chat_template` (vLLM's flag); without it such a request gets 400. Every "
+        "template runs in a worker process with a time, memory and output limit",
+    )
+    p.add_argument("--chat-template-timeout", type=float, default=5.0, help="seconds one template render may take")
+    p.add_argument(
+        "--grammar-timeout", type=float, default=10.0, help="seconds a request waits for its grammar to compile"
+    )
+    p.add_argument(
+        "--send-timeout",
+        type=float,
+        default=30.0,
+        help="a client that takes no response data for this many seconds (it stopped reading) has its "
+        "requests aborted and its connection closed (default 30)",
+    )
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds to send complete request headers")
+    p.add_argument("--body-timeout", type=float, default=30.0, help="seconds to send the whole request body")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0, help="idle keep-alive connections close after")
+    p.add_argument("--max-connections", type=int, default=1024, help="open connections at most; more get 503")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
 
@@ -101,6 +125,13 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens_limit,
             max_waiting=args.max_waiting,
             max_model_len=args.max_model_len,
+            send_timeout_s=args.send_timeout,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            keep_alive_s=args.keep_alive_timeout,
+            max_connections=args.max_connections,
+            template_timeout_s=args.chat_template_timeout,
+            grammar_timeout_s=args.grammar_timeout,
         )
         from keel.engine import EngineConfig, LLMEngine
 
@@ -128,7 +159,13 @@ def run(args: argparse.Namespace) -> int:
     engine = make_async_engine(llm, limits, args.max_num_seqs)
     try:
         try:
-            app = build_app(engine, model_name=name, api_key=args.api_key, limits=limits)
+            app = build_app(
+                engine,
+                model_name=name,
+                api_key=args.api_key,
+                limits=limits,
+                trust_request_chat_template=args.trust_request_chat_template,
+            )
         except ValueError as exc:
             print(str(exc), file=sys.stderr)
             return 1

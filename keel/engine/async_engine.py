@@ -3,9 +3,10 @@
 The engine is not thread-safe, so exactly one thread touches it. Callers on the event loop send
 commands (add / abort / stop) through a thread-safe queue that the engine thread drains between
 steps; each step's outputs go back to the owning request's `asyncio.Queue` with
-`loop.call_soon_threadsafe`. A request counts against the admission bound from the moment it is
-accepted until its stream is closed, which bounds the engine's waiting queue (`Overloaded`). Nothing
-here knows HTTP: `keel serve` (keel/entrypoints/openai) builds on it.
+`loop.call_soon_threadsafe`. A sub-request counts against the admission bound from the moment it is
+accepted until the engine finishes it or its stream is closed, whichever comes first, which bounds the
+engine's waiting queue (`Overloaded`): a caller slow to read what the engine already produced holds
+no slot. Nothing here knows HTTP: `keel serve` (keel/entrypoints/openai) builds on it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class _Add:
     prompts: list[list[int]]
     params: list[SamplingParams]
     loop: asyncio.AbstractEventLoop
-    outputs: asyncio.Queue
+    stream: RequestStream
     added: asyncio.Future
 
 
@@ -82,11 +83,19 @@ class RequestStream:
     engine: AsyncEngine[Any]
     ids: list[str]
     outputs: asyncio.Queue
-    unfinished: set[str] = field(default_factory=set)
+    unfinished: set[str] = field(default_factory=set)  # not yet read to their final output
+    admitted: set[str] = field(default_factory=set)  # holding an admission slot (the engine is not done)
     closed: bool = False
 
     def __post_init__(self) -> None:
         self.unfinished = set(self.ids)
+        self.admitted = set(self.ids)
+
+    def _engine_done(self, request_id: str) -> None:
+        """The engine finished a sub-request: its admission slot is free, whether or not it was read yet."""
+        if request_id in self.admitted:
+            self.admitted.discard(request_id)
+            self.engine._admitted -= 1
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -108,7 +117,9 @@ class RequestStream:
             self.engine._commands.put(_Abort(sorted(self.unfinished)))
             self.engine.num_aborted += len(self.unfinished)
             self.unfinished.clear()
-        self.engine._admitted -= len(self.ids)
+        self.engine._admitted -= len(self.admitted)
+        self.admitted.clear()
+        self.engine._num_open -= len(self.ids)
         self.engine._open.discard(self)
 
 
@@ -123,9 +134,10 @@ class AsyncEngine(Generic[EngineT]):
         self.num_rejected = 0  # open() calls refused as overloaded
         self.num_aborted = 0  # sub-requests closed before they finished (client gone, error)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._admitted = 0  # event-loop side: sub-requests accepted and not yet closed
+        self._admitted = 0  # event-loop side: sub-requests accepted, not finished by the engine nor closed
+        self._num_open = 0  # event-loop side: sub-requests of streams not yet closed
         self._open: set[RequestStream] = set()
-        self._routes: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # engine thread only
+        self._routes: dict[str, tuple[asyncio.AbstractEventLoop, RequestStream]] = {}  # engine thread only
         self._rate_window_s = rate_window_s
         self._rate_samples: deque[tuple[float, int]] = deque()
         self.metrics_snapshot = engine.metrics()
@@ -142,7 +154,12 @@ class AsyncEngine(Generic[EngineT]):
 
     @property
     def num_open(self) -> int:
-        """Sub-requests admitted and not closed (what the admission bound counts)."""
+        """Sub-requests of streams not closed yet (a drain waits for these)."""
+        return self._num_open
+
+    @property
+    def num_admitted(self) -> int:
+        """Sub-requests the admission bound counts: accepted, and neither finished by the engine nor closed."""
         return self._admitted
 
     async def open(self, ids: list[str], prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
@@ -158,10 +175,11 @@ class AsyncEngine(Generic[EngineT]):
         loop = asyncio.get_running_loop()
         stream = RequestStream(self, ids, asyncio.Queue())
         self._admitted += len(ids)
+        self._num_open += len(ids)
         self._open.add(stream)
         added = loop.create_future()
         try:
-            self._commands.put(_Add(ids, prompts, params, loop, stream.outputs, added))
+            self._commands.put(_Add(ids, prompts, params, loop, stream, added))
             await added
         except BaseException:
             if added.done() and not added.cancelled() and added.exception() is not None:
@@ -227,7 +245,7 @@ class AsyncEngine(Generic[EngineT]):
             cmd.loop.call_soon_threadsafe(_resolve, cmd.added, exc)
             return
         for rid in done:
-            self._routes[rid] = (cmd.loop, cmd.outputs)
+            self._routes[rid] = (cmd.loop, cmd.stream)
         cmd.loop.call_soon_threadsafe(_resolve, cmd.added, None)
 
     def _step(self) -> None:
@@ -238,7 +256,7 @@ class AsyncEngine(Generic[EngineT]):
                 self.engine.abort_request(rid)
             self._fail_all(exc)
             return
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
         for out in outputs:
             route = self._routes.get(out.request_id)
             if route is None:  # aborted meanwhile
@@ -266,14 +284,17 @@ class AsyncEngine(Generic[EngineT]):
         self._fail_all(EngineDead("the server is shutting down"))
 
     def _fail_all(self, exc: BaseException) -> None:
-        for loop, outq in {id(q): (lp, q) for lp, q in self._routes.values()}.values():
-            loop.call_soon_threadsafe(outq.put_nowait, exc)
+        for loop, stream in {id(st): (lp, st) for lp, st in self._routes.values()}.values():
+            loop.call_soon_threadsafe(stream.outputs.put_nowait, exc)
         self._routes.clear()
 
 
-def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
-    for outq, out in items:
-        outq.put_nowait(out)
+def _deliver(items: list[tuple[RequestStream, RequestOutput]]) -> None:
+    for stream, out in items:
+        if out.finished:
+            stream._engine_done(out.request_id)
+        if not stream.closed:
+            stream.outputs.put_nowait(out)
 
 
 def _resolve(fut: asyncio.Future, exc: BaseException | None) -> None:

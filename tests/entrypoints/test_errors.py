@@ -50,7 +50,7 @@ def error_of(exc: openai.APIStatusError) -> dict:
         (dict(prompt="hi", suffix="x"), None, "fill-in-the-middle"),
         (dict(prompt="hi", max_tokens=0), None, "max_tokens: 0 is only allowed with echo"),
         (dict(prompt="hi", extra_body={"stop_token_ids": [5, 4000]}), "stop_token_ids", "outside [0, 320)"),
-        (dict(prompt="hi", logit_bias={"7": 101}), None, "[-100, 100]"),
+        (dict(prompt="hi", logit_bias={"7": 101}), "logit_bias", "[-100, 100]"),
         (dict(prompt="hi", best_of=1, n=2), None, "best_of must be >= n"),
         (dict(prompt="hi", stop=[""]), None, "stop strings must be non-empty"),
         (dict(prompt="hi", extra_body={"bogus_field": 1}), "bogus_field", "not a supported parameter"),

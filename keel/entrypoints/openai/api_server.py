@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,13 +32,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from keel.engine.async_engine import AsyncEngine, Drained
 from keel.entrypoints.openai.chat_completion.api_router import router as chat_router
 from keel.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from keel.entrypoints.openai.chat_utils import TemplateRenderer
 from keel.entrypoints.openai.completion.api_router import router as completion_router
 from keel.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from keel.entrypoints.openai.errors import APIError, install_handlers, log
 from keel.entrypoints.openai.models.api_router import router as models_router
+from keel.entrypoints.openai.openapi import install_openapi
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
 from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, render_prometheus
 from keel.entrypoints.openai.tokenize.api_router import router as tokenize_router
+from keel.structured.grammar import GrammarLimits
 
 
 @dataclass(slots=True)
@@ -48,11 +52,32 @@ class ServerLimits:
     max_tokens: int = 4096  # per request (max_tokens / max_completion_tokens)
     max_waiting: int = 256  # requests queued beyond the engine's running batch before 503
     max_model_len: int | None = None  # prompt + completion tokens; None: the model's context
+    # what one client may hold: a stalled write, slow headers or body, an idle connection, connections in all
+    send_timeout_s: float = 30.0  # a response write that stalls longer (client not reading) ends it
+    header_timeout_s: float = 10.0  # from connection (or the previous response) to complete request headers
+    body_timeout_s: float = 30.0  # from the first body read to the last
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 1024  # open connections and requests; more get 503
+    max_header_bytes: int = 64 * 1024  # request line and headers
+    # native parsers and templates, which run in workers with these bounds
+    template_timeout_s: float = 5.0  # one chat template render (its worker process is killed past it)
+    template_workers: int = 2
+    grammar_timeout_s: float = 10.0  # a request waits this long for its grammar to compile
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens"):
+        for name in ("max_body_bytes", "max_tokens", "max_connections", "max_header_bytes", "template_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits: {name} must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "send_timeout_s",
+            "header_timeout_s",
+            "body_timeout_s",
+            "keep_alive_s",
+            "template_timeout_s",
+            "grammar_timeout_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ServerLimits: {name} must be > 0, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"ServerLimits: max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_waiting < 0:
@@ -68,8 +93,46 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_api_key(api_key: str | None) -> None:
+    """Refuse at start a key no client could ever send: HTTP header values are ASCII, and a header's
+    surrounding whitespace is not part of its value."""
+    if not api_key:  # unset or empty: no key
+        return
+    bad = [c for c in api_key if not " " <= c <= "~"]
+    if bad:
+        raise ValueError(
+            f"keel serve: --api-key (or KEEL_API_KEY) must be printable ASCII (a header value), but it holds "
+            f"{len(bad)} other character(s), first {bad[0]!r}"
+        )
+    if api_key != api_key.strip():
+        raise ValueError(
+            "keel serve: --api-key (or KEEL_API_KEY) starts or ends with whitespace, which no client can send "
+            "(HTTP drops it from header values); remove it"
+        )
+
+
+# paths that answer without the API key: liveness for load balancers, the version, metrics (no paths on disk)
+OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
+
+
+def key_matches(header: bytes, api_key: str) -> bool:
+    """`Authorization: Bearer <key>`, the scheme case-insensitive (RFC 9110), the key compared in constant time."""
+    scheme, _, token = header.decode("latin-1").strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"), api_key.encode())
+
+
+def metrics_label(model_name: str) -> str:
+    """The model label /metrics shows (it answers without the key): the served name, or when that is a path
+    on disk (`--model /some/folder` without `--served-model-name`), only the folder's own name."""
+    path = Path(model_name).expanduser()
+    if path.is_absolute() or model_name.startswith((".", "~")) or path.exists():
+        return path.name or "model"
+    return model_name
+
+
 def check_bind(host: str, api_key: str | None) -> None:
-    """Refuse to listen beyond this machine without an API key."""
+    """Refuse to listen beyond this machine without an API key, and a key no client can send."""
+    check_api_key(api_key)
     if not is_loopback(host) and not api_key:
         raise ValueError(
             f"keel serve: --host {host} is reachable from other machines; set --api-key (or KEEL_API_KEY) "
@@ -86,11 +149,37 @@ async def _send_error(send: Send, err: APIError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-class Guard:
-    """Pure ASGI middleware (streaming-safe): Bearer API key on /v1/*, and a request body size limit."""
+class SendTimeout(BaseException):
+    """The client did not take a response write within the send timeout (it stopped reading). A
+    BaseException, like a cancellation: the app's `except Exception` handlers (which would try to send a
+    500 on a response already started) let it through to `Guard`."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, serving: Any = None) -> None:
+
+class Guard:
+    """Pure ASGI middleware (streaming-safe): Bearer API key on every path but `OPEN_PATHS`, a request body
+    size limit, a body timeout, and a send timeout: a write the client does not take within
+    `send_timeout_s` (it stopped reading) ends the response, so a streaming request is aborted (its
+    admission slots and KV blocks freed) and its connection dropped."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        max_body_bytes: int,
+        serving: Any = None,
+        *,
+        send_timeout_s: float = 30.0,
+        body_timeout_s: float = 30.0,
+    ) -> None:
         self.app, self.api_key, self.max_body_bytes, self.serving = app, api_key, max_body_bytes, serving
+        self.send_timeout_s, self.body_timeout_s = send_timeout_s, body_timeout_s
+        self.num_send_timeouts = 0
+        self.limits = ServerLimits()  # build_app sets the server's: uvicorn's connection options come from it
+        self.on_close: list[Any] = []  # called by close(): the template workers
+
+    def close(self) -> None:
+        for fn in self.on_close:
+            fn()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,9 +193,8 @@ class Guard:
             )
             return
         headers = dict(scope.get("headers") or [])
-        if self.api_key and scope["path"].startswith("/v1"):
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+        if self.api_key and scope["path"] not in OPEN_PATHS:
+            if not key_matches(headers.get(b"authorization", b""), self.api_key):
                 await _send_error(
                     send,
                     APIError(
@@ -123,17 +211,63 @@ class Guard:
             await _send_error(send, _too_large(limit))
             return
         seen = 0
+        body_done = False
+        body_deadline: float | None = None
+        loop = asyncio.get_running_loop()
 
         async def limited() -> MutableMapping[str, Any]:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done, body_deadline
+            if body_done:  # after the body: only a disconnect can come, whenever it comes
+                return await receive()
+            if body_deadline is None:
+                body_deadline = loop.time() + self.body_timeout_s
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, body_deadline - loop.time()))
+            except asyncio.TimeoutError:
+                raise HTTPException(
+                    408, f"the request body did not arrive within this server's limit of {self.body_timeout_s:g} s"
+                ) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:  # chunked bodies carry no content-length: count as they come
                     raise HTTPException(413, _too_large(limit).message)
+                body_done = not message.get("more_body", False)
             return message
 
-        await self.app(scope, limited, send)
+        # uvicorn's send is its request cycle's method: its transport can be aborted (a plain close would wait
+        # for the client to read what is buffered)
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+
+        async def timed_send(message: MutableMapping[str, Any]) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout_s)
+            except asyncio.TimeoutError:
+                raise SendTimeout(
+                    f"the client took no data for {self.send_timeout_s:g} s (--send-timeout): response ended"
+                ) from None
+
+        try:
+            await self.app(scope, limited, timed_send)
+        except BaseException as caught:
+            exc = _send_timeout_in(caught)
+            if exc is None:
+                raise
+            self.num_send_timeouts += 1
+            log.warning("keel serve: %s %s: %s", scope.get("method"), scope["path"], exc)
+            if transport is not None and hasattr(transport, "abort"):
+                transport.abort()
+
+
+def _send_timeout_in(exc: BaseException) -> SendTimeout | None:
+    """The SendTimeout `exc` is or carries (a task group of the streaming response may wrap it)."""
+    if isinstance(exc, SendTimeout):
+        return exc
+    if type(exc).__name__ in ("BaseExceptionGroup", "ExceptionGroup"):  # builtins from Python 3.11
+        for inner in getattr(exc, "exceptions", ()):
+            found = _send_timeout_in(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _too_large(limit: int) -> APIError:
@@ -143,10 +277,17 @@ def _too_large(limit: int) -> APIError:
 
 
 def build_app(
-    engine: AsyncEngine, *, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None
+    engine: AsyncEngine,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    limits: ServerLimits | None = None,
+    trust_request_chat_template: bool = False,
 ) -> FastAPI:
-    """The OpenAI-compatible app over a running `AsyncEngine` (whose `engine` is an `LLMEngine`)."""
+    """The OpenAI-compatible app over a running `AsyncEngine` (whose `engine` is an `LLMEngine`).
+    `trust_request_chat_template`: render a request's own `chat_template` (else 400)."""
     limits = limits or ServerLimits()
+    check_api_key(api_key)
     llm = engine.engine
     context = llm.config.max_position_embeddings
     if limits.max_model_len is not None and limits.max_model_len > context:
@@ -158,10 +299,17 @@ def build_app(
         max_model_len=limits.max_model_len or context,
         vocab_size=llm.config.vocab_size,
         max_tokens_limit=limits.max_tokens,
+        trust_request_chat_template=trust_request_chat_template,
     )
     app = FastAPI(title="keel serve", summary="OpenAI-compatible API of keel", version="0.1.0")
     install_handlers(app)
-    serving = OpenAIServing(engine, llm.tokenizer, cfg)
+    templates = TemplateRenderer(
+        workers=limits.template_workers,
+        timeout_s=limits.template_timeout_s,
+        max_output_chars=max(1 << 20, 16 * cfg.max_model_len),
+    )
+    serving = OpenAIServing(engine, llm.tokenizer, cfg, templates)
+    serving.grammar_limits = GrammarLimits(compile_timeout_s=limits.grammar_timeout_s)
     app.state.engine, app.state.serving, app.state.started = engine, serving, int(time.time())
     app.state.completion, app.state.chat = OpenAIServingCompletion(serving), OpenAIServingChat(serving)
     for router in (completion_router, chat_router, models_router, tokenize_router):
@@ -174,13 +322,26 @@ def build_app(
             return APIError(503, f"the engine thread has stopped: {eng.error!r}").response()
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    label = metrics_label(model_name)
+    install_openapi(app, max_tokens=limits.max_tokens, vocab_size=cfg.vocab_size, api_key=bool(api_key))
+
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(raw: Request) -> PlainTextResponse:
         eng: AsyncEngine = raw.app.state.engine
-        text = render_prometheus(model_name, eng, raw.app.state.serving.stats)
+        text = render_prometheus(label, eng, raw.app.state.serving.stats)
         return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
 
-    return Guard(app, api_key, limits.max_body_bytes, serving)  # type: ignore[return-value]
+    guard = Guard(
+        app,
+        api_key,
+        limits.max_body_bytes,
+        serving,
+        send_timeout_s=limits.send_timeout_s,
+        body_timeout_s=limits.body_timeout_s,
+    )
+    guard.limits = limits
+    guard.on_close.append(serving.templates.close)
+    return guard  # type: ignore[return-value]
 
 
 async def drain(serving: OpenAIServing, timeout_s: float, poll_s: float = 0.05) -> int:
@@ -240,15 +401,80 @@ def _uvicorn_server() -> type:
     return DrainingServer
 
 
-def run_server(app: Any, *, host: str, port: int, log_level: str, shutdown_timeout_s: float = 30.0) -> int:
-    """Serve in the foreground until SIGTERM / SIGINT, drain, and return the exit status (0)."""
+def _header_timed_protocol(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a header timeout: a connection whose request headers are not complete
+    `header_timeout_s` after it opened (or after its previous response) is closed. uvicorn has none: 200
+    connections sending a header byte now and then (slowloris) were held for as long as they liked."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimedH11Protocol
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str) -> Any:
+    """uvicorn's Config for `app` (a `Guard`), its connection limits and timeouts from the app's ServerLimits."""
     import uvicorn
 
+    limits: ServerLimits = getattr(app, "limits", None) or ServerLimits()
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        http=_header_timed_protocol(limits.header_timeout_s),
+        timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+        limit_concurrency=limits.max_connections,
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+    )
+
+
+def run_server(app: Any, *, host: str, port: int, log_level: str, shutdown_timeout_s: float = 30.0) -> int:
+    """Serve in the foreground until SIGTERM / SIGINT, drain, and return the exit status (0)."""
     guard = app
     serving = guard.serving
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5)
+    config = uvicorn_config(app, host=host, port=port, log_level=log_level)
     server = _uvicorn_server()(config, serving, shutdown_timeout_s)
-    server.run()
+    try:
+        server.run()
+    finally:
+        guard.close()
     if server.ended:
         log.warning("keel serve: ended %d request(s) still running at the shutdown timeout", server.ended)
     return 0
@@ -270,11 +496,9 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning") -> None:
         import uvicorn
 
+        self.app = app
         self.host, self.port = host, port or free_port(host)
-        config = uvicorn.Config(
-            app, host=self.host, port=self.port, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5
-        )
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(uvicorn_config(app, host=self.host, port=self.port, log_level=log_level))
         self.loop = asyncio.new_event_loop()  # the server's loop, for callers that inspect its tasks
         self.thread = threading.Thread(target=self._run, name="keel-serve", daemon=True)
 
@@ -301,3 +525,6 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        close = getattr(self.app, "close", None)
+        if close is not None:
+            close()

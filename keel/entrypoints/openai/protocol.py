@@ -14,15 +14,51 @@ import json
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from keel.entrypoints.openai.errors import bad_request
 
 MAX_N = 16  # choices per request
 MAX_STOP = 16  # stop strings per request
 MAX_LOGPROBS = 20  # top logprobs per token (OpenAI's and vLLM's default limit)
 
 
+def invalid_unicode_at(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string (or object key) in `value` that is not valid Unicode (a lone
+    surrogate such as "\\ud800", which JSON can carry but UTF-8 cannot), or None."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body"
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                key = f"{where}.{k}" if where else str(k)
+                if isinstance(k, str) and invalid_unicode_at(k) is not None:
+                    return (where + "." if where else "") + "<key>"
+                stack.append((v, key))
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(item))
+    return None
+
+
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        # a lone surrogate would fail later (tokenizer, logs, JSON answer) as a 500: refuse it here, naming
+        # the field (an APIError is not a ValueError, so pydantic lets it through to the 400 handler)
+        where = invalid_unicode_at(data)
+        if where is not None:
+            raise bad_request(
+                f"{where}: the text is not valid Unicode (it holds a lone UTF-16 surrogate such as \\ud800)", where
+            )
+        return data
 
 
 class ResponseModel(BaseModel):
@@ -147,11 +183,6 @@ class SamplingRequest(OpenAIBaseModel):
         so = self.stream_options
         if so is not None and so.continuous_usage_stats and not so.include_usage:
             raise ValueError("stream_options.continuous_usage_stats needs stream_options.include_usage: true")
-        for key, bias in (self.logit_bias or {}).items():
-            if not key.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys must be token ids (decimal strings), got {key!r}")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of must be >= n, got best_of={self.best_of} and n={self.n}")
         if self.best_of is not None and self.best_of > self.n and self.stream:
@@ -159,6 +190,17 @@ class SamplingRequest(OpenAIBaseModel):
         if self.guided_decoding_backend not in (None, "auto", "xgrammar", "guidance", "outlines"):
             raise ValueError(f"guided_decoding_backend {self.guided_decoding_backend!r} is not a known backend")
         return self
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            # ASCII digits only: "²".isdigit() is true, and int("²") fails
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f'keys must be token ids (ASCII decimal strings such as "42"), got {key!r}')
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"values must be in [-100, 100], got {bias} for token {key}")
+        return value
 
     @property
     def stop_list(self) -> list[str]:

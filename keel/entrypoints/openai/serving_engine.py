@@ -23,48 +23,26 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from keel.engine.async_engine import AsyncEngine, Drained, EngineDead, Overloaded, RequestStream
+from keel.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from keel.entrypoints.openai.chat_utils import ChatJob, TemplateError, TemplateRenderer
 from keel.entrypoints.openai.errors import APIError, bad_request, log
 from keel.entrypoints.openai.logprobs import cumulative
 from keel.entrypoints.openai.protocol import SamplingRequest, UsageInfo
 from keel.entrypoints.openai.stats import ServerStats
+from keel.structured.grammar import GrammarLimits, check_spec
 
 _SEED_SPAN = 2**64
 FinishReason = Literal["stop", "length", "tool_calls"]
 
-# request field -> (SamplingParams field, its "off" value): passed on only when set, refused when the
-# engine's SamplingParams lacks the field (an engine without the feature never silently ignores it)
-_ENGINE_FIELDS: dict[str, tuple[str, Any]] = {
-    "min_p": ("min_p", 0.0),
-    "presence_penalty": ("presence_penalty", 0.0),
-    "frequency_penalty": ("frequency_penalty", 0.0),
-    "logit_bias": ("logit_bias", None),
-    "allowed_token_ids": ("allowed_token_ids", None),
-    "bad_words": ("bad_words", None),
-    "stop_token_ids": ("stop_token_ids", None),
-    "include_stop_str_in_output": ("include_stop_str_in_output", False),
-    "min_tokens": ("min_tokens", 0),
-    "logprobs": ("logprobs", None),
-    "prompt_logprobs": ("prompt_logprobs", None),
-    "skip_special_tokens": ("skip_special_tokens", True),
-    "spaces_between_special_tokens": ("spaces_between_special_tokens", True),
-    "structured_outputs": ("structured_outputs", None),
-}
+
+def param_of(exc: BaseException) -> str | None:
+    """The request field an engine error is about: `RequestValidationError.field`, else None."""
+    return getattr(exc, "field", None)
 
 
-def engine_has(name: str) -> bool:
-    """Whether the installed engine's SamplingParams has this field."""
-    from keel.engine.sampling_params import SamplingParams
-
-    return name in SamplingParams.__dataclass_fields__
-
-
-def param_of(message: str) -> str | None:
-    """The field an engine error names: "SamplingParams: top_p must ..." -> "top_p"."""
-    for prefix in ("SamplingParams: ", "structured_outputs."):
-        if message.startswith(prefix):
-            word = message[len(prefix) :].split(" ", 1)[0].split(":", 1)[0].strip("`'\",")
-            return "structured_outputs" if prefix.startswith("structured") else word or None
-    return None
+class _NoCompiler:
+    def release(self, key: Any) -> None:
+        pass
 
 
 class ClientGone(Exception):
@@ -123,6 +101,11 @@ class Generation:
                 choice.prompt_logprobs = out.prompt_logprobs
             choice.cached_tokens = out.num_cached_tokens or 0
             if out.finished:
+                error = getattr(out, "error", None)
+                if out.finish_reason == "error" or error is not None:  # this request failed alone
+                    raise APIError(
+                        500, f"the engine failed this request: {error or 'unknown error'}", code="engine_error"
+                    )
                 if out.finish_reason != "stop" and out.finish_reason != "length":
                     raise APIError(503, f"the engine ended the request ({out.finish_reason}); retry later")
                 choice.finish_reason = "stop" if out.finish_reason == "stop" else "length"  # checked above
@@ -175,15 +158,43 @@ class ServingConfig:
     max_model_len: int
     vocab_size: int
     max_tokens_limit: int
+    trust_request_chat_template: bool = False  # vLLM's --trust-request-chat-template
 
 
 class OpenAIServing:
     """Shared logic of /v1/completions and /v1/chat/completions."""
 
-    def __init__(self, engine: AsyncEngine, tokenizer: Any, config: ServingConfig) -> None:
+    def __init__(
+        self, engine: AsyncEngine, tokenizer: Any, config: ServingConfig, templates: TemplateRenderer | None = None
+    ) -> None:
         self.engine, self.tokenizer, self.config = engine, tokenizer, config
+        self.templates = templates or TemplateRenderer(max_output_chars=max(1 << 20, 16 * config.max_model_len))
+        self.grammar_limits = GrammarLimits()
         self.stats = ServerStats()  # what the HTTP layer counts (event-loop side only)
         self.draining = False  # set on SIGTERM / SIGINT: new requests get 503
+
+    def check_chat_template(self, template: str | None) -> None:
+        """A request's own chat template runs only where the operator allowed it."""
+        if template is not None and not self.config.trust_request_chat_template:
+            raise bad_request(
+                "chat_template: this server renders only its model's chat template; a request's own template "
+                "needs the server started with --trust-request-chat-template",
+                "chat_template",
+            )
+
+    async def render_template(self, job: ChatJob) -> str:
+        """A chat template rendered in a worker process (time, memory and output bounded): a failure is a 400,
+        every worker busy past the time limit a 503."""
+        try:
+            return await self.templates.render(job)
+        except TemplateError as exc:
+            raise bad_request(f"cannot apply the chat template: {exc}", "messages") from exc
+        except TimeoutError as exc:
+            raise APIError(503, f"{exc}; retry later", code="server_overloaded") from exc
+
+    async def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """Token ids of `text`, tokenized off the event loop (a long prompt takes a while)."""
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
     def check_model(self, req: SamplingRequest) -> None:
         if req.model != self.config.model_name:
@@ -230,28 +241,28 @@ class OpenAIServing:
                 f"{field_name} has token ids outside [0, {vocab}) (the vocabulary): {bad[:8]}", field_name
             )
 
-    def structured(self, req: SamplingRequest, extra: list[tuple[str, dict[str, Any]]] | None = None) -> Any:
-        """The request's one output constraint as StructuredOutputsParams (None: unconstrained)."""
+    def structured(
+        self, req: SamplingRequest, extra: list[tuple[str, dict[str, Any]]] | None = None
+    ) -> tuple[str | None, StructuredOutputsParams | None]:
+        """The request's one output constraint: (the request field that sets it, StructuredOutputsParams), or
+        (None, None). A spec past the grammar limits is refused here, before anything compiles it."""
         try:
             sources = req.structured_sources() + list(extra or [])
         except ValueError as exc:
             raise bad_request(str(exc), "response_format") from exc
         if not sources:
-            return None
+            return None, None
         if len(sources) > 1:
             names = ", ".join(name for name, _ in sources)
             raise bad_request(f"one output constraint per request; this one sets {names}", sources[1][0])
         name, kwargs = sources[0]
         try:
-            from keel.engine.sampling_params import StructuredOutputsParams
-        except ImportError as exc:
-            raise bad_request(
-                f"{name} is not supported by this keel build (its engine has no structured outputs)", name
-            ) from exc
-        try:
-            return StructuredOutputsParams(**kwargs)
+            spec = StructuredOutputsParams(**kwargs)
+            check_spec(spec.kind, getattr(spec, spec.kind), self.grammar_limits)
         except (ValueError, TypeError) as exc:
-            raise bad_request(f"{name}: {exc}", name) from exc
+            field = (param_of(exc) or name) if name == "structured_outputs" else name
+            raise bad_request(f"{name}: {exc}" if field == name else str(exc), field) from exc
+        return name, spec
 
     def sampling_params(
         self,
@@ -263,24 +274,20 @@ class OpenAIServing:
         prompt_logprobs: int | None = None,
         structured: Any = None,
     ) -> Any:
-        """The engine's SamplingParams of one choice; a field the engine lacks is a 400 naming it."""
-        from keel.engine import SamplingParams
-
+        """The engine's SamplingParams of one choice; a value it refuses is a 400 naming the field."""
         seed = req.seed
         if seed is not None and choice:
             seed = (seed + choice) % _SEED_SPAN  # distinct, reproducible seeds per choice
         top_k = req.top_k or 0
-        kwargs: dict[str, Any] = dict(
-            max_tokens=max_tokens,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=0 if top_k < 0 else top_k,
-            repetition_penalty=req.repetition_penalty or 1.0,
-            seed=seed,
-            stop=req.stop_list,
-            ignore_eos=req.ignore_eos,
-        )
-        wanted: dict[str, Any] = {
+        kwargs: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "top_p": 1.0 if req.top_p is None else req.top_p,
+            "top_k": 0 if top_k < 0 else top_k,
+            "repetition_penalty": req.repetition_penalty or 1.0,
+            "seed": seed,
+            "stop": req.stop_list,
+            "ignore_eos": req.ignore_eos,
             "min_p": req.min_p or 0.0,
             "presence_penalty": req.presence_penalty or 0.0,
             "frequency_penalty": req.frequency_penalty or 0.0,
@@ -296,19 +303,37 @@ class OpenAIServing:
             "spaces_between_special_tokens": req.spaces_between_special_tokens,
             "structured_outputs": structured,
         }
-        for name, value in wanted.items():
-            target, off = _ENGINE_FIELDS[name]
-            if value == off or (off is None and value is None):
-                continue
-            if not engine_has(target):
-                raise bad_request(
-                    f"{name} is not supported by this keel build (the engine's SamplingParams has no {target})", name
-                )
-            kwargs[target] = value
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as exc:
-            raise bad_request(str(exc), param_of(str(exc))) from exc
+            raise bad_request(str(exc), param_of(exc)) from exc
+
+    async def prepare_grammar(self, spec: StructuredOutputsParams, field_name: str | None) -> tuple[Any, Any]:
+        """Compile a request's grammar on the grammar workers (big stack, off the engine thread) and pin it
+        until the engine has added the request: the request waits for its grammar (at most the compile
+        timeout), the batch does not. Returns (compiler, key) to release."""
+        grammars = getattr(self.engine.engine, "grammars", None)
+        if grammars is None:  # an engine without structured outputs (a test double)
+            return _NoCompiler(), None
+        compiler = await asyncio.to_thread(grammars)  # built on first use (the llguidance tokenizer, ~1 s)
+        kind = spec.kind
+        name = field_name or "structured_outputs"
+        try:
+            future = compiler.prepare(kind, getattr(spec, kind))
+        except RuntimeError as exc:
+            raise APIError(503, str(exc), code="server_overloaded") from exc
+        timeout = self.grammar_limits.compile_timeout_s
+        try:
+            key = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+        except asyncio.TimeoutError as exc:
+            # the worker cannot be interrupted: it finishes in the background, and unpins what it made
+            future.add_done_callback(lambda f: f.exception() is None and compiler.release(f.result()))
+            raise bad_request(
+                f"{name}: the grammar did not compile within this server's limit of {timeout:g} s", name
+            ) from exc
+        except ValueError as exc:
+            raise bad_request(str(exc), param_of(exc) if name == "structured_outputs" else name) from exc
+        return compiler, key
 
     def truncate(self, req: SamplingRequest, ids: list[int]) -> list[int]:
         """vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: the model's context)."""
@@ -326,8 +351,10 @@ class OpenAIServing:
         req: SamplingRequest,
         prompts: list[list[int]],
         params_of: Callable[[int, int], Any],
+        constraint: str | None = None,
     ) -> Generation:
-        """Admit one sub-request per prompt x candidate (best_of or n); map admission and engine errors."""
+        """Admit one sub-request per prompt x candidate (best_of or n); map admission and engine errors.
+        `constraint` names the request field of the output constraint (its compile errors' `param`)."""
         if self.draining:
             raise APIError(503, "the server is shutting down; retry on another replica", code="shutting_down")
         arrival = time.perf_counter()
@@ -351,6 +378,8 @@ class OpenAIServing:
                 f"fewer prompts per request",
                 "n" if fan == req.n else "best_of",
             )
+        specs = {p.structured_outputs.key(): p.structured_outputs for p in params if p.structured_outputs is not None}
+        prepared = [await self.prepare_grammar(spec, constraint) for spec in specs.values()]
         try:
             stream = await self.engine.open(ids, prompt_ids, params)
         except Overloaded as exc:
@@ -358,7 +387,10 @@ class OpenAIServing:
         except EngineDead as exc:
             raise APIError(503, str(exc), code="engine_dead") from exc
         except (ValueError, TypeError) as exc:
-            raise bad_request(str(exc), param_of(str(exc))) from exc
+            raise bad_request(str(exc), param_of(exc)) from exc
+        finally:
+            for compiler, key in prepared:
+                compiler.release(key)  # the engine copied the template (or refused the request)
         gen = Generation(self, f"{prefix}-{req.request_id}" if req.request_id else rid, stream, choices, arrival)
         gen.keep = req.n if fan > req.n else None
         return gen

@@ -106,6 +106,13 @@ def render_prometheus(model: str, engine: AsyncEngine[Any], stats: ServerStats) 
         "keel_request_aborted_total", "counter", "Requests aborted (client disconnected or error).", engine.num_aborted
     )
     metric(
+        "keel_num_requests_admitted",
+        "gauge",
+        "Sub-requests holding an admission slot (not yet finished by the engine nor closed).",
+        getattr(engine, "num_admitted", engine.num_open),
+    )
+    metric("keel_num_streams_open", "gauge", "Sub-requests whose response is still being sent.", engine.num_open)
+    metric(
         "keel_request_rejected_total",
         "counter",
         "Requests refused because the server was overloaded.",

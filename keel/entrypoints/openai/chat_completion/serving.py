@@ -24,7 +24,7 @@ from keel.entrypoints.openai.chat_completion.protocol import (
     DeltaMessage,
     NamedToolChoice,
 )
-from keel.entrypoints.openai.chat_utils import render_chat, renders_tools
+from keel.entrypoints.openai.chat_utils import chat_job, renders_tools
 from keel.entrypoints.openai.errors import bad_request
 from keel.entrypoints.openai.logprobs import chat_content, vllm_prompt_logprobs
 from keel.entrypoints.openai.serving_engine import SSE_DONE, Choice, Generation, OpenAIServing, sse
@@ -41,9 +41,10 @@ class OpenAIServingChat:
     def __init__(self, serving: OpenAIServing) -> None:
         self.serving = serving
 
-    def prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+    async def prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
         """The request's prompt: the conversation (and tools) through the chat template, tokenized."""
         s = self.serving
+        s.check_chat_template(req.chat_template)
         mode = req.tool_mode
         if mode == "auto" and not renders_tools(req.chat_template or s.tokenizer.chat_template):
             raise bad_request(
@@ -53,7 +54,7 @@ class OpenAIServingChat:
                 "tool_choice",
             )
         try:
-            text = render_chat(
+            job = chat_job(
                 s.tokenizer,
                 req.conversation(),
                 tools=req.tool_specs() or None,
@@ -63,9 +64,10 @@ class OpenAIServingChat:
                 chat_template=req.chat_template,
                 chat_template_kwargs=req.chat_template_kwargs,
             )
-        except Exception as exc:  # no chat template, or the template refuses the conversation
-            raise bad_request(f"cannot apply the model's chat template: {exc}", "messages") from exc
-        ids = s.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+        except ValueError as exc:  # no chat template, or the request's template fields disagree
+            raise bad_request(f"cannot apply the chat template: {exc}", "messages") from exc
+        text = await s.render_template(job)
+        ids = await s.encode(text, add_special_tokens=req.add_special_tokens)
         if not ids:
             raise bad_request("the rendered conversation has no tokens", "messages")
         return s.truncate(req, ids)
@@ -73,7 +75,7 @@ class OpenAIServingChat:
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         s = self.serving
         s.check_model(req)
-        ids = self.prompt_ids(req)
+        ids = await self.prompt_ids(req)
         for name in ("stop_token_ids", "allowed_token_ids"):
             s.check_token_list(getattr(req, name), name)
         s.check_token_list([int(k) for k in req.logit_bias or {}], "logit_bias")
@@ -87,7 +89,7 @@ class OpenAIServingChat:
             assert isinstance(req.tool_choice, NamedToolChoice)
             fn = next(f for f in specs if f.name == req.tool_choice.function.name)  # checked by the request
             extra.append(("tool_choice", {"json": fn.parameters or {"type": "object", "properties": {}}}))
-        structured = s.structured(req, extra)
+        constraint, structured = s.structured(req, extra)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         if req.best_of is not None and req.best_of > req.n and logprobs is None:
             logprobs = 0  # ranking candidates needs their tokens' logprobs
@@ -98,6 +100,7 @@ class OpenAIServingChat:
             lambda p, j: s.sampling_params(
                 req, max_tokens, j, logprobs=logprobs, prompt_logprobs=req.prompt_logprobs, structured=structured
             ),
+            constraint,
         )
         return await s.respond(raw, req, gen, lambda: self._events(req, gen), lambda: self._body(req, gen))
 

@@ -8,7 +8,7 @@ only), the shape evaluation harnesses use for loglikelihood scoring.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -35,11 +35,11 @@ class OpenAIServingCompletion:
         texts: list[str] = []
         for i, p in enumerate(req.prompts):
             if isinstance(p, str):
-                ids = s.tokenizer.encode(p, add_special_tokens=req.add_special_tokens)
+                ids = await s.encode(p, add_special_tokens=req.add_special_tokens)
                 if not ids:
                     raise bad_request(f"prompt {i} tokenizes to no tokens", "prompt")
             else:
-                ids = list(p)
+                ids = cast("list[int]", list(p))  # token ids: the request model validated them
                 s.check_prompt_ids(ids, f"prompt {i}")
             ids = s.truncate(req, ids)
             prompts.append(ids)
@@ -56,7 +56,7 @@ class OpenAIServingCompletion:
             prompt_lp = max(req.logprobs, prompt_lp or 0)
         if req.max_tokens == 0 and prompt_lp is None:
             prompt_lp = 0  # echo without logprobs: the engine's scoring path (prefill only)
-        structured = s.structured(req)
+        constraint, structured = s.structured(req)
         gen = await s.start(
             "cmpl",
             req,
@@ -64,6 +64,7 @@ class OpenAIServingCompletion:
             lambda p, j: s.sampling_params(
                 req, max_tokens[p], j, logprobs=logprobs, prompt_logprobs=prompt_lp, structured=structured
             ),
+            constraint,
         )
         return await s.respond(
             raw,

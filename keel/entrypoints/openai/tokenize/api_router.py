@@ -9,7 +9,7 @@ from pydantic import Field
 
 from keel import __version__ as keel_version
 from keel.entrypoints.openai.chat_completion.protocol import ChatMessage, Tool
-from keel.entrypoints.openai.chat_utils import render_chat
+from keel.entrypoints.openai.chat_utils import chat_job
 from keel.entrypoints.openai.errors import APIError, bad_request
 from keel.entrypoints.openai.protocol import ErrorResponse, OpenAIBaseModel, ResponseModel
 
@@ -72,8 +72,9 @@ async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, raw: R
     """Token ids of a prompt, or of a conversation rendered with the chat template (vLLM's shapes)."""
     s = _check_model(raw, body.model)
     if isinstance(body, TokenizeChatRequest):
+        s.check_chat_template(body.chat_template)
         try:
-            text = render_chat(
+            job = chat_job(
                 s.tokenizer,
                 [m.for_template() for m in body.messages],
                 tools=[t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None,
@@ -82,11 +83,12 @@ async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, raw: R
                 chat_template=body.chat_template,
                 chat_template_kwargs=body.chat_template_kwargs,
             )
-        except Exception as exc:
-            raise bad_request(f"cannot apply the model's chat template: {exc}", "messages") from exc
+        except ValueError as exc:
+            raise bad_request(f"cannot apply the chat template: {exc}", "messages") from exc
+        text = await s.render_template(job)
     else:
         text = body.prompt
-    ids = s.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+    ids = await s.encode(text, add_special_tokens=body.add_special_tokens)
     strs = [s.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if body.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=s.config.max_model_len, tokens=ids, token_strs=strs)
 
