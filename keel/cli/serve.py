@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     engine = make_async_engine(llm, limits, args.max_num_seqs)
     try:
         try:
-            app = build_app(engine, model_name=name, api_key=args.api_key, limits=limits)
+            app = build_app(engine, model_name=name, api_key=args.api_key, limits=limits, require_warm_up=True)
         except ValueError as exc:
             print(str(exc), file=sys.stderr)
             return 1
