@@ -143,6 +143,7 @@ RUNTIME_REQUIRES = [
     "tqdm",
     "fastapi>=0.115",
     "uvicorn>=0.30",  # `keel serve`
+    "prometheus-client>=0.20",  # `keel serve` /metrics, with vLLM's metric names
     "llguidance>=1.9,<2",  # structured outputs (keel/structured): one abi3 wheel, no dependencies
 ]
 

@@ -51,9 +51,9 @@ def summarize(soak: Any, state: dict[str, Any], log_text: str) -> dict[str, Any]
         "kv_blocks_total": state["after"].get("keel_kv_cache_blocks_total"),
         "max_running": max((s.get("num_requests_running", 0) for s in samples), default=0),
         "max_waiting": max((s.get("num_requests_waiting", 0) for s in samples), default=0),
-        "preemptions": state["after"]["keel_num_preemptions_total"] - state["before"]["keel_num_preemptions_total"],
-        "generation_tokens": state["after"]["keel_generation_tokens_total"]
-        - state["before"]["keel_generation_tokens_total"],
+        "preemptions": state["after"]["vllm:num_preemptions_total"] - state["before"]["vllm:num_preemptions_total"],
+        "generation_tokens": state["after"]["vllm:generation_tokens_total"]
+        - state["before"]["vllm:generation_tokens_total"],
         "metrics_errors": sum(1 for s in samples if "metrics_error" in s),
         "idle_after_s": idle["idle_after_s"],
         "bursts": soak.bursts,

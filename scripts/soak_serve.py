@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak_report import print_summary, summarize  # noqa: E402
 from soak_traffic import Outcome, Target, Traffic, calibrate  # noqa: E402
 
-GAUGES = ("keel_kv_cache_blocks_used", "keel_num_requests_running", "keel_num_requests_waiting")
+GAUGES = ("keel_kv_cache_blocks_used", "vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -181,7 +181,7 @@ class Soak:
         row.update(proc_stats(self.pid))
         try:
             m = await asyncio.to_thread(metrics, self.url)
-            row.update({k.removeprefix("keel_"): m[k] for k in (*GAUGES, "keel_num_preemptions_total")})
+            row.update({k.removeprefix("keel_"): m[k] for k in (*GAUGES, "vllm:num_preemptions_total")})
         except OSError as exc:
             row["metrics_error"] = f"{type(exc).__name__}: {exc}"
         return row

@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
                 api_key=args.api_key,
                 limits=limits,
                 trust_request_chat_template=args.trust_request_chat_template,
+                require_warm_up=True,
             )
         except ValueError as exc:
             print(str(exc), file=sys.stderr)

@@ -142,6 +142,7 @@ class AsyncEngine(Generic[EngineT]):
         self._rate_samples: deque[tuple[float, int]] = deque()
         self.metrics_snapshot = engine.metrics()
         self.tokens_per_s = 0.0
+        self.steps = 0  # engine steps run so far (readiness: the engine has stepped)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="keel-engine", daemon=True)
         self._thread.start()
@@ -251,6 +252,7 @@ class AsyncEngine(Generic[EngineT]):
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+            self.steps += 1
         except Exception as exc:  # fail the requests in flight, free their blocks, keep serving
             for rid in list(self._routes):
                 self.engine.abort_request(rid)

@@ -464,7 +464,7 @@ def _gauges(srv: Server) -> dict[str, float]:
     text = request(srv, "GET", "/metrics", key=None)[1]
     out: dict[str, float] = {}
     for ln in str(text).splitlines():
-        if ln.startswith("keel_num_"):
+        if ln.startswith(("keel_num_", "vllm:num_")):
             out[ln.split("{")[0]] = float(ln.rsplit(" ", 1)[1])
     return out
 
@@ -487,7 +487,7 @@ def non_reader(srv: Server, wait_s: float) -> tuple[int, Any]:
     started = False
     while time.monotonic() < deadline:  # the engine works on it (its slots are rightly taken meanwhile)
         g = _gauges(srv)
-        busy = g.get("keel_num_requests_running", 0) + g.get("keel_num_requests_waiting", 0)
+        busy = g.get("vllm:num_requests_running", 0) + g.get("vllm:num_requests_waiting", 0)
         started = started or busy > 0
         if started and busy == 0:
             break

@@ -80,16 +80,19 @@ class Served:
         return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        """`GET /metrics`, parsed: `name` or `name{extra labels}` -> value (the model label dropped)."""
+        """`GET /metrics`, parsed with prometheus_client's own parser: `name` or `name{extra labels}` -> value
+        (the `model_name` and `engine` labels every sample carries are dropped)."""
         import urllib.request
+
+        from prometheus_client.parser import text_string_to_metric_families
 
         text = urllib.request.urlopen(self.base_url + "/metrics", timeout=10).read().decode()
         out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, value = line.rsplit(" ", 1)
-                key = key.replace(f'model_name="{MODEL_NAME}"', "").replace("{,", "{").replace("{}", "")
-                out[key] = float(value)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = {k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")}
+                extra = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                out[f"{sample.name}{{{extra}}}" if extra else sample.name] = sample.value
         return out
 
     def wait_idle(self, timeout: float = 30.0) -> dict[str, float]:
@@ -97,13 +100,13 @@ class Served:
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            idle = m["keel_kv_cache_blocks_used"] == 0 and m["keel_num_requests_running"] == 0
-            if idle and m["keel_num_requests_waiting"] == 0 and self.engine.num_open == 0:
+            idle = m["keel_kv_cache_blocks_used"] == 0 and m["vllm:num_requests_running"] == 0
+            if idle and m["vllm:num_requests_waiting"] == 0 and self.engine.num_open == 0:
                 return m
             if time.monotonic() > deadline:
                 gauges = {
                     k.removeprefix("keel_"): m[k]
-                    for k in ("keel_kv_cache_blocks_used", "keel_num_requests_running", "keel_num_requests_waiting")
+                    for k in ("keel_kv_cache_blocks_used", "vllm:num_requests_running", "vllm:num_requests_waiting")
                 }
                 raise AssertionError(
                     f"server not idle after {timeout} s: {gauges}, open streams {self.engine.num_open}"

@@ -145,14 +145,14 @@ def test_metrics_count_tokens_and_first_tokens(served):
     )
     after = served.wait_idle()
     assert r.usage.completion_tokens == 5
-    gen = "keel_generation_tokens_total"
+    gen = "vllm:generation_tokens_total"
     assert after[gen] - before[gen] == 5
-    assert after["keel_prompt_tokens_total"] > before["keel_prompt_tokens_total"]
-    ttft = "keel_time_to_first_token_seconds_count"
+    assert after["vllm:prompt_tokens_total"] > before["vllm:prompt_tokens_total"]
+    ttft = "vllm:time_to_first_token_seconds_count"
     assert after[ttft] - before[ttft] == 1
     assert (
-        after['keel_request_success_total{finished_reason="length"}']
-        - before['keel_request_success_total{finished_reason="length"}']
+        after['vllm:request_success_total{finished_reason="length"}']
+        - before['vllm:request_success_total{finished_reason="length"}']
         == 1
     )
     assert after["keel_kv_cache_blocks_total"] > 0

@@ -83,7 +83,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(served, steps):
     after = served.wait_idle(timeout=20)
     assert time.monotonic() - t0 < 1.5  # freed at once, not after the answers ran to their end
     assert after["keel_request_aborted_total"] - before["keel_request_aborted_total"] == 4
-    assert after["keel_generation_tokens_total"] - before["keel_generation_tokens_total"] < 4 * 100
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 4 * 100
     assert after["keel_kv_cache_blocks_used"] == 0
 
 
@@ -96,7 +96,7 @@ def test_client_timeout_on_non_stream_aborts(served, steps):
         )
     after = served.wait_idle(timeout=20)
     assert after["keel_request_aborted_total"] - before["keel_request_aborted_total"] == 1
-    assert after["keel_generation_tokens_total"] - before["keel_generation_tokens_total"] < 100
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 100
 
 
 def test_200_requests_with_random_aborts_leak_nothing(served):

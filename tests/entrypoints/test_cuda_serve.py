@@ -70,6 +70,6 @@ def test_keel_serve_on_cuda_answers(tmp_path):
     want = offline.generate(PROMPT, SamplingParams(max_tokens=8, ignore_eos=True))[0].text
     assert text == want, f"served {text!r}, offline CUDA engine {want!r}"
     counted = [
-        float(ln.rsplit(" ", 1)[1]) for ln in metrics.splitlines() if ln.startswith("keel_generation_tokens_total")
+        float(ln.rsplit(" ", 1)[1]) for ln in metrics.splitlines() if ln.startswith("vllm:generation_tokens_total")
     ]
     assert counted and counted[0] >= 8, f"/metrics did not count the 8 tokens: {counted}"

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keel.engine.async_engine import AsyncEngine, Drained
+from keel.engine.sampling_params import SamplingParams
 from keel.entrypoints.openai.chat_completion.api_router import router as chat_router
 from keel.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from keel.entrypoints.openai.chat_utils import TemplateRenderer
@@ -39,7 +40,7 @@ from keel.entrypoints.openai.errors import APIError, install_handlers, log
 from keel.entrypoints.openai.models.api_router import router as models_router
 from keel.entrypoints.openai.openapi import install_openapi
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
-from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, render_prometheus
+from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, metrics_registry, render_prometheus
 from keel.entrypoints.openai.tokenize.api_router import router as tokenize_router
 from keel.structured.grammar import GrammarLimits
 
@@ -283,9 +284,14 @@ def build_app(
     api_key: str | None = None,
     limits: ServerLimits | None = None,
     trust_request_chat_template: bool = False,
+    require_warm_up: bool = False,
 ) -> FastAPI:
     """The OpenAI-compatible app over a running `AsyncEngine` (whose `engine` is an `LLMEngine`).
-    `trust_request_chat_template`: render a request's own `chat_template` (else 400)."""
+
+    `trust_request_chat_template`: render a request's own `chat_template` (else 400). With
+    `require_warm_up` (what `keel serve` does) the app is not ready (`GET /v1/models` 503, code
+    `not_ready`) until the engine has run a step: `run_server` sends a one-token request at start, so a
+    readiness probe passes only once a request has really gone through the model."""
     limits = limits or ServerLimits()
     check_api_key(api_key)
     llm = engine.engine
@@ -311,6 +317,7 @@ def build_app(
     serving = OpenAIServing(engine, llm.tokenizer, cfg, templates)
     serving.grammar_limits = GrammarLimits(compile_timeout_s=limits.grammar_timeout_s)
     app.state.engine, app.state.serving, app.state.started = engine, serving, int(time.time())
+    app.state.ready, app.state.warm_up = not require_warm_up, None
     app.state.completion, app.state.chat = OpenAIServingCompletion(serving), OpenAIServingChat(serving)
     for router in (completion_router, chat_router, models_router, tokenize_router):
         app.include_router(router)
@@ -324,12 +331,11 @@ def build_app(
 
     label = metrics_label(model_name)
     install_openapi(app, max_tokens=limits.max_tokens, vocab_size=cfg.vocab_size, api_key=bool(api_key))
+    registry = metrics_registry(label, engine, serving.stats, llm.runner.block_size)
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics(raw: Request) -> PlainTextResponse:
-        eng: AsyncEngine = raw.app.state.engine
-        text = render_prometheus(label, eng, raw.app.state.serving.stats)
-        return PlainTextResponse(text, media_type=PROMETHEUS_CONTENT_TYPE)
+    async def metrics(raw: Request) -> Response:
+        return Response(render_prometheus(registry), media_type=PROMETHEUS_CONTENT_TYPE)
 
     guard = Guard(
         app,
@@ -364,6 +370,41 @@ async def drain(serving: OpenAIServing, timeout_s: float, poll_s: float = 0.05) 
     return ended
 
 
+def is_ready(app: FastAPI) -> bool:
+    """Readiness: the model is loaded (it is, once the app exists) and the engine has run a step. The
+    first call on an app that is not ready starts the warm-up request (`warm_up`) if nothing did."""
+    if app.state.ready:
+        return True
+    if app.state.engine.steps > 0:
+        app.state.ready = True
+        return True
+    start_warm_up(app)
+    return False
+
+
+def start_warm_up(app: FastAPI) -> None:
+    """Start the warm-up request once, on the running event loop."""
+    if app.state.warm_up is None and not app.state.ready:
+        app.state.warm_up = asyncio.ensure_future(warm_up(app))
+
+
+async def warm_up(app: FastAPI) -> None:
+    """One greedy one-token request through the engine (so the first client does not pay the first step's
+    one-time costs, and readiness means a request has gone through the model)."""
+    engine: AsyncEngine = app.state.engine
+    try:
+        stream = await engine.open(["keel-warm-up"], [[0]], [SamplingParams(max_tokens=1)])
+        try:
+            async for _ in stream:
+                pass
+        finally:
+            stream.close()
+    except Exception as exc:  # the engine is broken: /health says so; stay unready and say why in the log
+        log.error("keel serve: the warm-up request failed: %r", exc)
+        return
+    app.state.ready = True
+
+
 def _uvicorn_server() -> type:
     import uvicorn
 
@@ -379,6 +420,7 @@ def _uvicorn_server() -> type:
 
         async def serve(self, sockets: Any = None) -> None:
             self._loop = asyncio.get_running_loop()
+            start_warm_up(self.config.app.app)  # the Guard's FastAPI app
             await super().serve(sockets)
 
         def handle_exit(self, sig: int, frame: Any) -> None:

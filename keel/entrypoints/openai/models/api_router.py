@@ -11,6 +11,12 @@ router = APIRouter()
 
 
 def _card(raw: Request) -> ModelCard:
+    from keel.entrypoints.openai.api_server import is_ready
+
+    if not is_ready(raw.app):  # readiness: orchestrators probe /v1/models, liveness is /health
+        raise APIError(
+            503, "the model is loaded but the engine has not run a step yet (warming up); retry", code="not_ready"
+        )
     cfg = raw.app.state.serving.config
     return ModelCard(id=cfg.model_name, created=raw.app.state.started, max_model_len=cfg.max_model_len)
 
