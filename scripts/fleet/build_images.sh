@@ -50,7 +50,7 @@ if [ -z "$KEEL_WHEEL" ]; then
     KEEL_WHEEL=$(ls "$ROOT"/dist/keel-*.whl 2>/dev/null | tail -n 1 || true)
 fi
 [ -f "$KEEL_WHEEL" ] || { echo "build_images.sh: no keel wheel (build it: bash scripts/release/build_wheel.sh, or pass --wheel PATH)" >&2; exit 2; }
-command -v podman >/dev/null || { echo "build_images.sh: podman is not installed (apt-get install -y podman)" >&2; exit 2; }
+command -v podman >/dev/null || { echo "build_images.sh: podman is not installed (apt-get install -y podman runc)" >&2; exit 2; }
 
 # this machine's podman: runc (crun refuses the hybrid cgroup layout), cgroupfs, host network,
 # ulimits at or below the host's (no CAP_SYS_RESOURCE)
@@ -78,6 +78,9 @@ fi
 log "build context in $CTX (keel wheel: $KEEL_WHEEL)"
 rm -rf "$CTX/wheels/keel" && mkdir -p "$CTX/wheels/keel" "$CTX/wheels/deps" "$CTX/wheels/audit"
 cp "$KEEL_WHEEL" "$CTX/wheels/keel/"
+cp "$ROOT/deploy/preflight_gate.py" "$CTX/preflight_gate.py"
+PIPLOG=$CACHE/logs/pip-download.log
+: > "$PIPLOG"
 # keel's runtime dependencies: its Requires-Dist, torch excluded (torch is the torch layer's)
 "$PYTHON" - "$KEEL_WHEEL" > "$CTX/wheels/deps/requirements.txt" <<'EOF'
 import re, sys, zipfile
@@ -89,19 +92,19 @@ with zipfile.ZipFile(sys.argv[1]) as z:
             if re.match(r"torch\b", req) is None and "extra ==" not in req:
                 print(req)
 EOF
-"$PYTHON" -m pip download -q -r "$CTX/wheels/deps/requirements.txt" -d "$CTX/wheels/deps"
-"$PYTHON" -m pip download -q "pyelftools>=0.31" "packaging>=23" -d "$CTX/wheels/audit"
-"$PYTHON" -m pip wheel -q --no-deps --no-build-isolation "$ROOT/audit" -w "$CTX/wheels/audit"
+"$PYTHON" -m pip download -q -r "$CTX/wheels/deps/requirements.txt" -d "$CTX/wheels/deps" 2>> "$PIPLOG"
+"$PYTHON" -m pip download -q "pyelftools>=0.31" "packaging>=23" -d "$CTX/wheels/audit" 2>> "$PIPLOG"
+"$PYTHON" -m pip wheel -q --no-deps --no-build-isolation "$ROOT/audit" -w "$CTX/wheels/audit" 2>> "$PIPLOG"
 fetch_torch() {  # $1: version; $2: "deps" to also download its dependencies (nvidia-* of CUDA builds); $3: "cpu"
     local dir=$CTX/wheels/torch-$1 spec="torch==$1"
     mkdir -p "$dir"
     # image A: the CPU build where the host's pip has it (torch==X+cpu, as on keel's build host), else PyPI's
-    if [ "${3:-}" = cpu ] && "$PYTHON" -m pip download -q --no-deps "torch==$1+cpu" -d "$dir" 2>/dev/null; then
+    if [ "${3:-}" = cpu ] && "$PYTHON" -m pip download -q --no-deps "torch==$1+cpu" -d "$dir" 2>> "$PIPLOG"; then
         spec="torch==$1+cpu"
     else
-        "$PYTHON" -m pip download -q --no-deps "$spec" -d "$dir"
+        "$PYTHON" -m pip download -q --no-deps "$spec" -d "$dir" 2>> "$PIPLOG"
     fi
-    if [ "${2:-}" = deps ]; then "$PYTHON" -m pip download -q "$spec" -d "$dir"; fi
+    if [ "${2:-}" = deps ]; then "$PYTHON" -m pip download -q "$spec" -d "$dir" 2>> "$PIPLOG"; fi
 }
 fetch_torch "$TORCH_A" deps cpu
 [ "$SMALL" = 1 ] || fetch_torch "$TORCH_B" deps
@@ -240,8 +243,8 @@ if build "$TORCH_REFUSED"; then
     echo "refused build: torch $TORCH_REFUSED was NOT refused (the gate failed)"; STATUS=1
 else
     echo "refused build: torch $TORCH_REFUSED failed the build in the preflight stage; the preflight's reason:"
-    grep -E "preflight|does not load|not load|refused|missing|floor|undefined" "$CACHE/logs/build-$TORCH_REFUSED.log" \
-        | grep -v '^STEP' | head -n 12 | sed 's/^/    /'
+    grep -E "^keel-audit preflight|^  keel/|libraries load on this torch|refused torch" "$CACHE/logs/build-$TORCH_REFUSED.log" \
+        | head -n 12 | sed 's/^/    /'
 fi
 
 if [ "$CLEAN" = 1 ]; then
