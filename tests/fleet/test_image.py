@@ -138,3 +138,32 @@ def test_build_images_small_refuses_torch_2_9_1():
     assert proc.returncode == 0, out[-4000:]
     assert "verdict: keel will work here" in out
     assert "refused build: torch 2.9.1 failed the build in the preflight stage" in out, out[-4000:]
+
+
+def _gate():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("preflight_gate", ROOT / "deploy" / "preflight_gate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _lib(unprovided: list[str], missing: list[tuple[str, str]]) -> dict:
+    return {
+        "unprovided": [{"name": n, "why": "not in this torch (a CPU-only build)"} for n in unprovided],
+        "missing": [{"symbol": s, "expected_from": f} for s, f in missing],
+        "missing_versions": [],
+        "python_ok": True,
+    }
+
+
+def test_gate_accepts_only_cuda_twins_that_miss_cuda_libraries_on_a_cpu_torch():
+    gate = _gate()
+    twin = _lib(["libtorch_cuda.so"], [("aoti_torch_get_current_cuda_stream", "libtorch_cuda.so")])
+    assert gate.cuda_only_failure(twin)
+    below_floor = _lib(["libtorch_cuda.so"], [("torch_library_impl", "libtorch_cpu.so")])
+    assert not gate.cuda_only_failure(below_floor), "a missing shim symbol of libtorch_cpu must refuse the torch"
+    cpu_lib = _lib([], [("torch_parallel_for", "libtorch_cpu.so")])
+    assert not gate.cuda_only_failure(cpu_lib)
