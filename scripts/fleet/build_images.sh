@@ -145,7 +145,8 @@ trap cleanup EXIT
 for t in "${IMAGES[@]}"; do
     PORT[$t]=$(free_port)
     "${PODMAN[@]}" rm -f "keel-image-$t" >/dev/null 2>&1 || true
-    "${PODMAN[@]}" run -d --name "keel-image-$t" "${RUN_FLAGS[@]}" -v "$MODELS:/models:ro" "$(tag_of "$t")" \
+    # --health-interval disable: no systemd here to time the HEALTHCHECK; `podman healthcheck run` runs it below
+    "${PODMAN[@]}" run -d --name "keel-image-$t" "${RUN_FLAGS[@]}" --health-interval disable -v "$MODELS:/models:ro" "$(tag_of "$t")" \
         --host 127.0.0.1 --port "${PORT[$t]}" --device cpu --kv-cache-gib 0.25 --max-num-seqs 4 >/dev/null
     log "serving $(tag_of "$t") on 127.0.0.1:${PORT[$t]}"
 done
@@ -243,8 +244,8 @@ if build "$TORCH_REFUSED"; then
     echo "refused build: torch $TORCH_REFUSED was NOT refused (the gate failed)"; STATUS=1
 else
     echo "refused build: torch $TORCH_REFUSED failed the build in the preflight stage; the preflight's reason:"
-    grep -E "^keel-audit preflight|^  keel/|libraries load on this torch|refused torch" "$CACHE/logs/build-$TORCH_REFUSED.log" \
-        | head -n 12 | sed 's/^/    /'
+    grep -E "^keel-audit preflight|^  against|^  keel/|libraries load on this torch|refused torch" "$CACHE/logs/build-$TORCH_REFUSED.log" \
+        | grep -v -E "STEP|^Error: building" | head -n 12 | sed 's/^/    /'
 fi
 
 if [ "$CLEAN" = 1 ]; then
