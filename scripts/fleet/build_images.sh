@@ -94,7 +94,7 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 EOF
 "$PYTHON" -m pip download -q -r "$CTX/wheels/deps/requirements.txt" -d "$CTX/wheels/deps" 2>> "$PIPLOG"
 "$PYTHON" -m pip download -q "pyelftools>=0.31" "packaging>=23" -d "$CTX/wheels/audit" 2>> "$PIPLOG"
-"$PYTHON" -m pip wheel -q --no-deps --no-build-isolation "$ROOT/audit" -w "$CTX/wheels/audit" 2>> "$PIPLOG"
+"$PYTHON" -m pip wheel -q --no-deps "$ROOT/audit" -w "$CTX/wheels/audit" 2>> "$PIPLOG"
 fetch_torch() {  # $1: version; $2: "deps" to also download its dependencies (nvidia-* of CUDA builds); $3: "cpu"
     local dir=$CTX/wheels/torch-$1 spec="torch==$1"
     mkdir -p "$dir"
