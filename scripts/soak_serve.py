@@ -153,13 +153,14 @@ def fd_kinds(pid: int | None) -> dict[str, int]:
 
 def metrics(url: str, timeout: float = 10.0) -> dict[str, float]:
     """/metrics as `name` -> value (unlabelled beyond the model; histograms and labelled series dropped)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = urllib.request.urlopen(url + "/metrics", timeout=timeout).read().decode()
     out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            if key.count("=") == 1:
-                out[key.split("{")[0]] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if set(sample.labels) <= {"model_name", "engine"}:
+                out[sample.name] = sample.value
     return out
 
 

@@ -153,7 +153,7 @@ def test_200_requests_with_random_aborts_leak_nothing(served):
     deadline = time.monotonic() + 10
     while served.server_tasks() > base_tasks and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert served.server_tasks() == base_tasks
+    assert served.server_tasks() <= base_tasks  # no task left behind (one alive at the start may have ended)
     assert served.engine.num_open == 0 and not served.engine._open
     # every request the engine was given has left it: no route is kept for a finished or aborted one
     assert served.engine._routes == {}

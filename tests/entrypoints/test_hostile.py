@@ -449,7 +449,10 @@ def test_a_finished_request_holds_no_admission_slot_while_its_reader_lags():
         engine = AsyncEngine(_OneStepEngine(), max_admitted=4)
         try:
             stream = await engine.open(["a", "b", "c", "d"], [[1]] * 4, [None] * 4)  # type: ignore[list-item]
-            await asyncio.sleep(0.5)  # the engine finishes them in one step; nobody reads the stream
+            deadline = asyncio.get_running_loop().time() + 30
+            while engine.steps < 1 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)  # the engine finishes them in one step; nobody reads the stream
+            await asyncio.sleep(0.1)  # its outputs reach this loop
             other = await engine.open(["e"], [[1]], [None])  # type: ignore[list-item]  # a slot is free
             admitted, still_open = engine.num_admitted - 1, engine.num_open - 1
             other.close()

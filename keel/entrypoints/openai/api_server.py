@@ -331,7 +331,8 @@ def build_app(
 
     label = metrics_label(model_name)
     install_openapi(app, max_tokens=limits.max_tokens, vocab_size=cfg.vocab_size, api_key=bool(api_key))
-    registry = metrics_registry(label, engine, serving.stats, llm.runner.block_size)
+    block_size = getattr(getattr(llm, "engine_config", None), "block_size", 0)  # 0: an engine without a KV pool
+    registry = metrics_registry(label, engine, serving.stats, block_size)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(raw: Request) -> Response:
