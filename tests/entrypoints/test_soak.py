@@ -1,4 +1,4 @@
-"""A short serving soak (scripts/soak_serve.py on the tiny checkpoint, about 20 s of traffic): every request
+"""A short serving soak (scripts/soak/serve.py on the tiny checkpoint, about 20 s of traffic): every request
 ends in an allowed outcome, the KV cache and the running batch empty once idle, fds back to their start,
 RSS flat after warm-up, and the mix really preempted, overloaded, aborted and refused."""
 
@@ -12,9 +12,9 @@ from serve_helpers import BLOCK_SIZE, kv_bytes_per_block, needs_ops
 
 pytestmark = needs_ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "soak"))
 
-import soak_serve  # noqa: E402
+import serve as soak_serve  # noqa: E402
 
 KV_BLOCKS = 48  # 192 tokens: two prompts near the 128-token context (or two chats) do not fit, so they preempt
 

@@ -16,7 +16,7 @@ from keel._fuzz.examples import all_examples
 from keel._fuzz.inventory import load_libraries, registered, vendored_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-GEN = ROOT / "scripts" / "gen_oplist.py"
+GEN = ROOT / "scripts" / "dev" / "gen_oplist.py"
 needs_source = pytest.mark.skipif(not GEN.is_file(), reason="not a source checkout")
 
 

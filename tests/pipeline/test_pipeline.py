@@ -1,4 +1,4 @@
-"""scripts/pipeline.py and its probe: what they prove can fail (the full run is `bash scripts/demo.sh`)."""
+"""scripts/release/pipeline.py and its probe: what they prove can fail (the full run is `bash scripts/demo.sh`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_keel_script_{name}", ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_keel_script_{name}", ROOT / "scripts" / "release" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -23,7 +23,7 @@ def load(name: str):
 
 
 pipeline = load("pipeline")
-checks = sys.modules[pipeline.Row.__module__]  # scripts/pipeline_checks.py, as pipeline.py imported it
+checks = sys.modules[pipeline.Row.__module__]  # scripts/release/pipeline_checks.py, as pipeline.py imported it
 
 
 def test_probe_hashes_what_the_process_mapped_not_what_lies_on_disk(tmp_path):
@@ -32,7 +32,7 @@ def test_probe_hashes_what_the_process_mapped_not_what_lies_on_disk(tmp_path):
         "import json, runpy, shutil, sys, torch; from pathlib import Path; import keel\n"
         "d = Path(keel.__file__).resolve().parent\n"
         "shutil.copy(d / '_C.abi3.so', sys.argv[1])  # the same bytes, never mapped\n"
-        f"probe = runpy.run_path({str(ROOT / 'scripts' / 'demo_generate.py')!r}, run_name='probe')\n"
+        f"probe = runpy.run_path({str(ROOT / 'scripts' / 'release' / 'demo_generate.py')!r}, run_name='probe')\n"
         "m = probe['mapped_keel_libraries']\n"
         "print(json.dumps({'dir': str(d), 'mapped': m(d), 'copy': m(Path(sys.argv[1]).parent),\n"
         "                  'cuda_torch': bool(torch.version.cuda)}))"
@@ -205,7 +205,7 @@ def test_demo_ops_bounds_catch_a_wrong_fp8_gemm(monkeypatch):
 
 def test_pipeline_help_runs_without_torch():
     proc = subprocess.run(
-        [sys.executable, "-S", str(ROOT / "scripts" / "pipeline.py"), "--help"],
+        [sys.executable, "-S", str(ROOT / "scripts" / "release" / "pipeline.py"), "--help"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": ""},

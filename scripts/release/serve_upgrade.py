@@ -1,7 +1,7 @@
 """The upgrade, served: `keel serve` on torch A, ask; swap torch to B under the same keel files; restart, ask.
 
-    .venv/bin/python scripts/serve_upgrade.py                       # .venv (torch 2.13.0) -> a copy with 2.14.1
-    .venv/bin/python scripts/serve_upgrade.py --model HuggingFaceTB/SmolLM2-135M-Instruct
+    .venv/bin/python scripts/release/serve_upgrade.py                       # .venv (torch 2.13.0) -> a copy with 2.14.1
+    .venv/bin/python scripts/release/serve_upgrade.py --model HuggingFaceTB/SmolLM2-135M-Instruct
 
 Environment B is a copy of environment A (`cp -a`, kept in --venv-b and reused) in which only torch is
 replaced (`pip install torch==B`): keel's installed files are hashed in both and must be byte-identical.
@@ -24,7 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France?"
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Runs every keel op, and each vendored library's main op, once on real-sized data against plain torch.
 
-  python scripts/demo_ops.py      # exit 1 when any op's error exceeds its bound
+  python scripts/release/demo_ops.py      # exit 1 when any op's error exceeds its bound
 
 (The dtype column is the inputs'; fp8_gemm_nt casts them to e4m3 and writes bf16.)
 Prints the torch version, the native libraries keel loaded (with sha256, to show that the same bytes serve
@@ -13,7 +13,7 @@ reference and that difference relative to the reference's max abs value, against
   deep_gemm.fp8_gemm_nt against the matmul of its dequantized e4m3 operands in float64: 1e-2 (only the
   accumulation and the output's rounding differ), and against the unquantized matmul: 8e-2 (e4m3 keeps 3
   mantissa bits, 2^-4 of a value per operand; measured 3.0e-2 to 4.2e-2).
-scripts/demo_generate.py (the pipeline's probe) runs `checks()` in each environment and the pipeline
+scripts/release/demo_generate.py (the pipeline's probe) runs `checks()` in each environment and the pipeline
 fails a row on any op beyond its bound.
 """
 

@@ -10,9 +10,9 @@ downloaded dependencies are deleted after each version (a CUDA torch with its nv
 5-7 GB installed). This machine has no NVIDIA driver: libraries that need libcuda.so.1 cannot load
 here, and the prediction says so (a third column predicts with `--assume libcuda.so.1`, a GPU host).
 
-    python scripts/preflight_real.py --wheels /work/wt/torchwheels --work /work/wt/pfwork \\
+    python scripts/release/preflight_real.py --wheels /work/wt/torchwheels --work /work/wt/pfwork \\
         --versions 2.12.1 2.13.0 2.14.1 2.15.0 2.9.1 --out /work/wt/pfwork/results.json
-    python scripts/preflight_real.py --table /work/wt/pfwork/results.json    # the markdown table
+    python scripts/release/preflight_real.py --table /work/wt/pfwork/results.json    # the markdown table
 
 `--wheels` holds torch-X-*.whl (pip download torch==X --no-deps) and vllm-0.33.0-*.whl; keel's
 wheel is dist/keel-*.whl (scripts/test.sh builds it).
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from keel_audit.preflight import preflight
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOAD = (
     "import sys, os, ctypes\n"
     "import torch\n"

@@ -1,4 +1,4 @@
-"""What scripts/pipeline.py holds each row to, and its table: per-library op-test counts, the probe's op
+"""What scripts/release/pipeline.py holds each row to, and its table: per-library op-test counts, the probe's op
 checks, and the probe's logits and greedy tokens against torch A's (standard library only)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from support.parity import compare_greedy  # noqa: E402  (pure Python: the rule the test suite uses)
 
 # The op tests run in every environment (the checkout's, against the installed wheel), and the library each
@@ -103,7 +103,7 @@ def counts_text(c: list[int]) -> str:
 
 
 def check_probe_ops(row: Row, op_checks: list[dict]) -> None:
-    """The probe's op-by-op results (scripts/demo_ops.py: relative error against plain torch, per bound)."""
+    """The probe's op-by-op results (scripts/release/demo_ops.py: relative error against plain torch, per bound)."""
     bad = [f"{c['op']} {c['device']} {c['dtype']}: {c['rel']:.1e} > {c['bound']:.0e}" for c in op_checks if not c["ok"]]
     row.probe_ops_ok = bool(op_checks) and not bad
     row.probe_ops = f"{len(op_checks) - len(bad)}/{len(op_checks)} within bounds" + (

@@ -12,8 +12,8 @@ prefill loop on main).
 
 Methods alternate inside each repeat; the best repeat of each is reported, with ratios (> 1:
 vendored faster). On a busy machine prefer --threads 1 (no waits on a descheduled pool thread).
-Usage: python scripts/bench_attention.py [--quick] [--repeats N] [--threads N]
-       python scripts/bench_attention.py --device cuda   (the GPU half: scripts/bench_cuda.py)
+Usage: python scripts/bench/attention.py [--quick] [--repeats N] [--threads N]
+       python scripts/bench/attention.py --device cuda   (the GPU half: scripts/bench/cuda_cases.py)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import bench_cuda  # the --device cuda half (scripts/bench_cuda.py)
+import cuda_cases as bench_cuda  # the --device cuda half (scripts/bench/cuda_cases.py)
 import torch
 import torch.nn.functional as F
 

@@ -1,4 +1,4 @@
-"""The figures and goals of a soak run of scripts/soak_serve.py, and its summary table."""
+"""The figures and goals of a soak run of scripts/soak/serve.py, and its summary table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from soak_traffic import ALLOWED, FAILURES
+from traffic import ALLOWED, FAILURES
 
 
 def cpu_model() -> str:

@@ -1,7 +1,7 @@
 """One decode token's projections at batch 1 with cold weights: keel fp8 vs keel bf16 vs torch's bf16 F.linear.
 
-    python scripts/bench_projections.py                  # SmolLM2-135M's 30 layers + lm_head, threads 1 and 2
-    python scripts/bench_projections.py --threads 1 --rounds 20
+    python scripts/bench/projections.py                  # SmolLM2-135M's 30 layers + lm_head, threads 1 and 2
+    python scripts/bench/projections.py --threads 1 --rounds 20
 
 A decode step of a small model streams every weight once, so what bounds it is how fast a core pulls
 weights from memory, not the kernel's speed on a weight that sits in cache (what `bench_gemm.py`

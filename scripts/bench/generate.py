@@ -1,18 +1,18 @@
 """Benchmark keel vs transformers `generate`: prefill and decode tokens/s at several batch sizes, peak memory.
 
-    python scripts/bench_generate.py --dtype bf16    # the default model (keel.hf.resolve.DEFAULT_MODEL)
-    python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random   # same shapes, random weights
-    python scripts/bench_generate.py --tiny ...   # smoke run: 8-token prompts, 4 new tokens, batch 1 and 2, once
+    python scripts/bench/generate.py --dtype bf16    # the default model (keel.hf.resolve.DEFAULT_MODEL)
+    python scripts/bench/generate.py --random-smollm2 /tmp/smollm2-random   # same shapes, random weights
+    python scripts/bench/generate.py --tiny ...   # smoke run: 8-token prompts, 4 new tokens, batch 1 and 2, once
 
-    python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --engines keel --batch-sizes 8 \
+    python scripts/bench/generate.py --random-smollm2 /tmp/smollm2-random --engines keel --batch-sizes 8 \
         --prompt-len 1024 --new-tokens 64        # decode at batch 8 with ~1k tokens of context
-    python scripts/bench_generate.py --random-smollm2 /tmp/smollm2-random --second-turn 1024
+    python scripts/bench/generate.py --random-smollm2 /tmp/smollm2-random --second-turn 1024
         # time to first token of a conversation's second turn, keel with vs without prefix caching
-    python scripts/bench_generate.py --model /tmp/smollm2 --sampling --batch-sizes 8 --new-tokens 64
+    python scripts/bench/generate.py --model /tmp/smollm2 --sampling --batch-sizes 8 --new-tokens 64
         # decode cost of logprobs=5 / penalties / a JSON schema against plain requests, same run, alternating
         # (the JSON variant needs a real tokenizer: a converted SmolLM2 folder, not --random-smollm2)
     git archive main | tar -x -C /tmp/keel_main && cp keel/*.so /tmp/keel_main/keel/
-    python scripts/bench_generate.py ... --engines keel --threads 1 --cpu-time --keel-path /tmp/keel_main
+    python scripts/bench/generate.py ... --engines keel --threads 1 --cpu-time --keel-path /tmp/keel_main
         # another keel checkout, in CPU seconds of one thread (robust on an oversubscribed machine)
 
 keel is the installed one (run it with the interpreter of an environment that has the wheel installed);

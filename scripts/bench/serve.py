@@ -1,11 +1,11 @@
 """Benchmark `keel serve` over loopback against the offline `LLM.generate` on the same prompts, same run.
 
-    HF_HUB_OFFLINE=1 python scripts/bench_serve.py                       # keel's demo model, bf16
-    HF_HUB_OFFLINE=1 python scripts/bench_serve.py --clients 1 8 --repeats 3
-    HF_HUB_OFFLINE=1 python scripts/bench_serve.py --skip-throughput --skip-prefix --logprobs 5 --json-schema
+    HF_HUB_OFFLINE=1 python scripts/bench/serve.py                       # keel's demo model, bf16
+    HF_HUB_OFFLINE=1 python scripts/bench/serve.py --clients 1 8 --repeats 3
+    HF_HUB_OFFLINE=1 python scripts/bench/serve.py --skip-throughput --skip-prefix --logprobs 5 --json-schema
 
 Throughput: N concurrent streaming clients (default 1, 8, 32), each sending one of the prompts of
-scripts/bench_generate.py (random token ids, --prompt-len tokens, --new-tokens output tokens with
+scripts/bench/generate.py (random token ids, --prompt-len tokens, --new-tokens output tokens with
 ignore_eos) to /v1/completions; output tokens/s = all output tokens / wall time from the first send to the
 last token. Offline: `LLM.generate` of the same N prompts in this process (the server runs in its own
 process, `keel serve`, started by this script). Measurements alternate offline / server and the best of
@@ -48,7 +48,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see above)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_generate import prompts_for  # noqa: E402  (the same prompts as the generate benchmark)
+from generate import prompts_for  # noqa: E402  (the same prompts as the generate benchmark)
 
 WORDS = (
     "cache block token prompt batch decode prefill server client stream kernel wheel torch stable "

@@ -1,9 +1,9 @@
 """Decode-shape GEMM speed on CPU: keel's vendored fp8_gemm_nt vs keel's bf16 `keel.ops.linear` vs torch bf16 matmul.
 
-    python scripts/bench_gemm.py                 # SmolLM2-135M's layers and an 8B model's, M = 1, 8, 32
-    python scripts/bench_gemm.py --shapes 8b --m 1
-    python scripts/bench_gemm.py --device cuda   # the GPU half: scripts/bench_cuda.py
-    python scripts/bench_gemm.py --prompt --shapes smollm2 --m 8 64 512 --threads 1
+    python scripts/bench/gemm.py                 # SmolLM2-135M's layers and an 8B model's, M = 1, 8, 32
+    python scripts/bench/gemm.py --shapes 8b --m 1
+    python scripts/bench/gemm.py --device cuda   # the GPU half: scripts/bench/cuda_cases.py
+    python scripts/bench/gemm.py --prompt --shapes smollm2 --m 8 64 512 --threads 1
         # prompt GEMMs: keel.ops.linear (bf16) and keel.ops.fp8_linear (bf16 x, e4m3 weight, 1x128 scales) at
         # each KEEL_CPU_ISA level (--isa, default amx avx512: one child process per level and round, the levels
         # alternated) vs torch's bf16 matmul (oneDNN) in the same child
@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-import bench_cuda  # the --device cuda half (scripts/bench_cuda.py)
+import cuda_cases as bench_cuda  # the --device cuda half (scripts/bench/cuda_cases.py)
 import torch
 
 import keel

@@ -1,4 +1,4 @@
-"""The requests of scripts/soak_serve.py: a weighted mix of good, aborted and bad ones, each with its outcome.
+"""The requests of scripts/soak/serve.py: a weighted mix of good, aborted and bad ones, each with its outcome.
 
 Every request ends in one outcome. Allowed: `completed` (a whole, well-formed answer), `client_aborted`
 (the soak itself hung up: a mid-stream disconnect or a client timeout), `4xx` (the error status that

@@ -1,9 +1,9 @@
 """Soak `keel serve`: a timed mix of good, aborted and bad requests, while its memory, fds and KV cache are sampled.
 
-    HF_HUB_OFFLINE=1 python scripts/soak_serve.py --duration 600 --json soak.json   # the demo model, bf16
-    python scripts/soak_serve.py --url http://127.0.0.1:8000 --pid 1234 ...          # a server already running
+    HF_HUB_OFFLINE=1 python scripts/soak/serve.py --duration 600 --json soak.json   # the demo model, bf16
+    python scripts/soak/serve.py --url http://127.0.0.1:8000 --pid 1234 ...          # a server already running
 
-The traffic (scripts/soak_traffic.py): chat and completions, streaming or not, n > 1, client aborts
+The traffic (scripts/soak/traffic.py): chat and completions, streaming or not, n > 1, client aborts
 (mid-stream hang-ups, client timeouts), malformed JSON, unknown fields, prompts over the context,
 oversized bodies (declared and chunked), n beyond what the server admits, an unknown model, long
 prompts (up to --long-tokens, or the whole context with 0) on a KV cache too small to hold several of
@@ -36,8 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from soak_report import print_summary, summarize  # noqa: E402
-from soak_traffic import Outcome, Target, Traffic, calibrate  # noqa: E402
+from report import print_summary, summarize  # noqa: E402
+from traffic import Outcome, Target, Traffic, calibrate  # noqa: E402
 
 GAUGES = ("keel_kv_cache_blocks_used", "keel_num_requests_running", "keel_num_requests_waiting")
 

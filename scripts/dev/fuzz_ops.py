@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Fuzz every op of every keel namespace (what the loaded libraries register) in child processes.
 
-    python scripts/fuzz_ops.py [--cases-per-op N] [--seed S] [--timeout SECONDS] [--op NS::OP ...]
+    python scripts/dev/fuzz_ops.py [--cases-per-op N] [--seed S] [--timeout SECONDS] [--op NS::OP ...]
 
 Outcomes: ok, named (an error naming the op), and the defects: unnamed (an error that does not name
 the op), crash (the worker process died), hang (no answer within --timeout), harness (the fuzzer's

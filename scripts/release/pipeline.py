@@ -1,16 +1,16 @@
 #!/usr/bin/env python
 """keel's main job: build one wheel against torch A, audit it, then run that same file on other torches.
 
-  python scripts/pipeline.py [--torch-a 2.13.0] [--targets 2.14.1 2.15.0 2.10.0] [--pythons 3.11 3.12]
+  python scripts/release/pipeline.py [--torch-a 2.13.0] [--targets 2.14.1 2.15.0 2.10.0] [--pythons 3.11 3.12]
                              [--below-floor 2.9.1] [--reuse-envs] [--wheel WHEEL] [--json OUT.json]
 
 1. build the wheel in the build environment (torch A; `.venv` for 2.13.0) and audit it: a finding
-   stops the run (`scripts/build_wheel.sh` gates the build, `keel audit` gives verdict and floor);
+   stops the run (`scripts/release/build_wheel.sh` gates the build, `keel audit` gives verdict and floor);
 2. for torch A and each target torch B (and each Python): a fresh virtual environment with only
    torch B, keel's runtime requirements (read from the wheel), pytest and keel-audit; the SAME wheel file;
 3. there: the op tests of the checkout against the installed wheel (keel's and both vendored libraries',
-   counted per library), and one process (scripts/demo_generate.py) that checks every op against plain
-   torch with a stated error bound (scripts/demo_ops.py), greedy-generates with keel's default model,
+   counted per library), and one process (scripts/release/demo_generate.py) that checks every op against plain
+   torch with a stated error bound (scripts/release/demo_ops.py), greedy-generates with keel's default model,
    computes its logits along torch A's tokens, and hashes every keel library in its own memory map;
    those hashes must equal the built libraries' hashes;
 4. below the floor (torch older than the audited `torch>=`), keel must refuse to import with its
@@ -19,10 +19,10 @@
    `pip download --no-deps`, then installed from that file) and predicts which keel libraries load;
    the prediction must equal what the probe process mapped (the "preflight" column);
 5. one table; exit 0 only when every row holds: same library bytes, op tests pass, every op within its
-   bound, logits within scripts/pipeline_checks.py's LOGIT_ATOL of torch A's, and greedy tokens equal to
+   bound, logits within scripts/release/pipeline_checks.py's LOGIT_ATOL of torch A's, and greedy tokens equal to
    A's up to A's first near-tie (the parity rule of tests/support/parity.py; the table says where).
 
-Uses only the standard library (and the checkout's pure-Python scripts/pipeline_checks.py and
+Uses only the standard library (and the checkout's pure-Python scripts/release/pipeline_checks.py and
 tests/support/parity.py): it drives the environments, it does not import keel or torch.
 Logs of every step go to .cache/pipeline/.
 """
@@ -53,7 +53,7 @@ from pipeline_checks import (  # noqa: E402
     table,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / ".cache" / "pipeline"
 # what the op tests need besides torch and the wheel: pytest, and the checkout's keel-audit (pure Python),
 # which tests/test_wheel_libraries.py runs over the installed libraries
@@ -135,10 +135,10 @@ def wheel_facts(wheel: Path) -> tuple[dict[str, str], list[str]]:
 
 
 def build(torch_a: str, build_env: Path, build_python: str) -> Path:
-    """scripts/build_wheel.sh in the build environment (its own audit gate stops on a finding)."""
+    """scripts/release/build_wheel.sh in the build environment (its own audit gate stops on a finding)."""
     print(f"### build the wheel against torch {torch_a} in {build_env.name} (log: {log_path('build')})", flush=True)
     run(
-        ["bash", str(ROOT / "scripts" / "build_wheel.sh"), str(build_env)],
+        ["bash", str(ROOT / "scripts" / "release" / "build_wheel.sh"), str(build_env)],
         "build",
         env={"KEEL_BUILD_TORCH": torch_a, "PYTHON": build_python},
     )
@@ -299,13 +299,13 @@ def op_tests(env: Path, tag: str) -> tuple[bool, str, dict[str, list[int]]]:
 
 
 def probe(env: Path, tag: str, max_tokens: int, reference: Path | None) -> dict:
-    """scripts/demo_generate.py in `env`, run from an empty folder so the checkout is not on sys.path;
+    """scripts/release/demo_generate.py in `env`, run from an empty folder so the checkout is not on sys.path;
     with `reference` (torch A's probe.json) it also computes its logits on A's tokens and compares."""
     work = LOGS / f"{tag}-run"
     work.mkdir(parents=True, exist_ok=True)
     out = work / "probe.json"
     out.unlink(missing_ok=True)
-    cmd = [str(env / "bin" / "python"), str(ROOT / "scripts" / "demo_generate.py"), str(out)]
+    cmd = [str(env / "bin" / "python"), str(ROOT / "scripts" / "release" / "demo_generate.py"), str(out)]
     cmd += ["--max-tokens", str(max_tokens)] + (["--reference", str(reference)] if reference else [])
     proc = run(cmd, f"{tag}-probe", cwd=work, env={"HF_HUB_OFFLINE": "1"}, check=False)
     if not out.exists():  # exit 1 with OUT.json written: an op beyond its bound, which the row shows
