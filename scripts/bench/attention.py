@@ -19,13 +19,13 @@ Usage: python scripts/bench/attention.py [--quick] [--repeats N] [--threads N]
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import cuda_cases as bench_cuda  # the --device cuda half (scripts/bench/cuda_cases.py)
 import torch
 import torch.nn.functional as F
+from keel_dev.timing import best_times
 
 from keel.vendored.flash_attn import cpu_isa, flash_attn_varlen_func, flash_attn_with_kvcache
 
@@ -41,22 +41,6 @@ class Shape:
 SHAPES = [Shape("smollm2", 9, 3, 64), Shape("8b-like", 32, 8, 128)]
 BLOCK = 16
 DTYPE = torch.bfloat16
-
-
-def timed(fns: dict[str, Callable[[], object]], repeats: int, inner: int) -> dict[str, float]:
-    """Best (minimum) mean seconds per call of each fn over the repeats; the fns alternate within
-    every repeat. The minimum, not the median: on a shared machine the other processes only ever
-    add time, so the least-disturbed repeat is the fairest estimate of each method's own cost."""
-    for fn in fns.values():
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            samples[name].append((time.perf_counter() - t0) / inner)
-    return {k: min(v) for k, v in samples.items()}
 
 
 def decode_case(shape: Shape, batch: int, ctx: int, gen: torch.Generator) -> dict[str, Callable[[], object]]:
@@ -147,7 +131,7 @@ def main() -> None:
             for ctx in contexts:
                 fns = decode_case(shape, batch, ctx, gen)
                 inner = max(1, 64 // (batch * ctx // 256))
-                t = timed(fns, repeats, inner)
+                t = best_times(fns, repeats=repeats, inner=inner)
                 vend, gath, sdpa = t["vendored"], t["gather"], t["sdpa"]
                 print(
                     f"| {shape.name} | {batch} | {ctx} | {vend * 1e3:.3f} | {gath * 1e3:.3f} | {sdpa * 1e3:.3f} | "
@@ -158,7 +142,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for shape in SHAPES:
         for lens in ([128, 256, 64], [512, 1024]) if not args.quick else ([128, 256, 64],):
-            t = timed(prefill_case(shape, lens, gen), repeats, 1)
+            t = best_times(prefill_case(shape, lens, gen), repeats=repeats)
             print(
                 f"| {shape.name} | {lens} | {t['vendored'] * 1e3:.2f} | {t['sdpa_loop'] * 1e3:.2f} | "
                 f"{t['sdpa_loop'] / t['vendored']:.2f}x |"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from keel_dev.timing import best_times
 
 Fn = Callable[[], object]
 
@@ -49,29 +50,6 @@ class Clock:
         self.skipped += 1
         self.notes["time cap"] = f"{self.skipped} case(s) skipped past the {self.cap:.0f} s cap"
         return True
-
-
-def best_times(fns: dict[str, Fn], device: str, repeats: int, inner: int) -> dict[str, float]:
-    """Minimum over repeats of the mean seconds per call; fns alternate within each repeat."""
-    for fn in fns.values():
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if device == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(inner):
-                    fn()
-                end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end) / 1e3 / inner)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    fn()
-                samples[name].append((time.perf_counter() - t0) / inner)
-    return {k: min(v) for k, v in samples.items()}
 
 
 def try_peer(name: str, fn: Fn, notes: dict[str, str]) -> Fn | None:
@@ -158,7 +136,7 @@ def gemm_main(args: argparse.Namespace) -> None:
             continue
         flop = 2.0 * m * n * k
         repeats, inner = (1, 1) if args.dry_run else (3, max(1, min(20, int(5e10 // flop))))
-        t = best_times(_gemm_case(n, k, m, dev, notes), dev, repeats, inner)
+        t = best_times(_gemm_case(n, k, m, dev, notes), repeats=repeats, inner=inner, device=dev)
         row = {"m": m, "n": n, "k": k, **{f"{name} us": v * 1e6 for name, v in t.items()}}
         row["fp8 TFLOP/s"] = flop / t["fp8 1x128"] / 1e12
         fp8_peer = "torch._scaled_mm" if "torch._scaled_mm" in t else "torch bf16"
@@ -250,7 +228,7 @@ def attention_main(args: argparse.Namespace) -> None:
             fns = _decode_case(h, hk, d, case[0], case[1], dev, notes)
         else:
             fns = _prefill_case(h, hk, d, list(case), dev, notes)
-        t = best_times(fns, dev, repeats, inner if kind == "decode" else max(1, inner // 4))
+        t = best_times(fns, repeats=repeats, inner=inner if kind == "decode" else max(1, inner // 4), device=dev)
         if "sdpa flash" in t:
             ratios[kind].append(t["sdpa flash"] / t["keel"])
         rows.append({"case": f"{kind} h{h}/{hk} d{d} {case}", **{f"{k} us": v * 1e6 for k, v in t.items()}})
@@ -308,7 +286,9 @@ def ops_main(args: argparse.Namespace) -> None:
     for name, (fn, moved) in cases.items():
         src = torch.empty(moved // 2, device=dev, dtype=torch.uint8)  # a copy reads and writes moved / 2 bytes each
         dst = torch.empty_like(src)
-        t = best_times({"keel": fn, "device copy": lambda d=dst, s=src: d.copy_(s)}, dev, repeats, inner)
+        t = best_times(
+            {"keel": fn, "device copy": lambda d=dst, s=src: d.copy_(s)}, repeats=repeats, inner=inner, device=dev
+        )
         gbs, copy_gbs = moved / t["keel"] / 1e9, moved / t["device copy"] / 1e9
         rows.append({"op": name, "keel GB/s": gbs, "copy GB/s": copy_gbs, "keel / copy": gbs / copy_gbs})
         figures[name] = f"{gbs:.0f} GB/s = {gbs / copy_gbs:.2f}x a device copy of the same bytes"

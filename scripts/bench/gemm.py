@@ -8,7 +8,7 @@
         # each KEEL_CPU_ISA level (--isa, default amx avx512: one child process per level and round, the levels
         # alternated) vs torch's bf16 matmul (oneDNN) in the same child
 
-All peers run in the same process, alternating round by round; each cell is the median over rounds of the
+All peers run in the same process, alternating round by round; each cell is the best over rounds of the
 mean time of a few back-to-back calls. `fp8` is fp8_gemm_nt alone (weights and activations cast beforehand)
 with the engine's 1x128 weight scales (recipe (1, 1, 128)); `fp8+cast` adds the per-token activation cast that
 the engine's Fp8Linear pays on every call; `fp8 128x128` is the same GEMM with 128x128 weight blocks. Ratios > 1 mean
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import cuda_cases as bench_cuda  # the --device cuda half (scripts/bench/cuda_cases.py)
 import torch
+from keel_dev.timing import best_times
 
 import keel
 from keel.vendored import deep_gemm as dg
@@ -36,15 +36,8 @@ SHAPES = {
 }
 
 
-def _time(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def bench_shape(n: int, k: int, m: int, rounds: int) -> dict[str, float]:
-    """Median seconds per call of each peer for x [m, k] @ w[n, k].T."""
+    """Best mean seconds per call of each peer for x [m, k] @ w[n, k].T (peers alternate in every round)."""
     w = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
     x = torch.randn(m, k, dtype=torch.bfloat16)
     blocks = dg.per_block_cast_to_fp8(w)  # 128x128 weight blocks, recipe (1, 128, 128) (DeepSeek-V3's)
@@ -69,13 +62,7 @@ def bench_shape(n: int, k: int, m: int, rounds: int) -> dict[str, float]:
         "torch bf16": lambda: x @ w.T,
     }
     calls = max(3, min(200, int(2e8 // (n * k))))  # ~0.1-0.2 s of work per sample
-    for fn in peers.values():  # warm up (page in, pool threads)
-        _time(fn, 2)
-    samples: dict[str, list[float]] = {name: [] for name in peers}
-    for _ in range(rounds):
-        for name, fn in peers.items():
-            samples[name].append(_time(fn, calls))
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return best_times(peers, repeats=rounds, inner=calls, warmup=2)  # warm-up: page in, pool threads
 
 
 def _prompt_peers(
@@ -102,9 +89,8 @@ def prompt_child(shapes: list[str], ms: list[int], calls_budget: float) -> None:
                 x = torch.randn(m, k, dtype=torch.bfloat16)
                 peers = _prompt_peers(x, w, q, s)
                 calls = max(3, min(200, int(calls_budget // (n * k * max(m, 8)))))
-                for name, fn in peers.items():
-                    _time(fn, 2)
-                    out[f"{model}|{n}|{k}|{m}|{name}"] = min(_time(fn, calls) for _ in range(3))
+                for name, t in best_times(peers, repeats=3, inner=calls, warmup=2).items():
+                    out[f"{model}|{n}|{k}|{m}|{name}"] = t
     print(json.dumps(out))
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -174,8 +175,6 @@ def run_sampling(args: argparse.Namespace) -> None:
 
 
 def run_keel(args: argparse.Namespace) -> dict:
-    if args.keel_path:
-        sys.path.insert(0, str(args.keel_path))
     if args.cpu_time:  # the engine's phase timers then count this process's CPU seconds
         time.perf_counter = time.process_time
     from keel.engine import LLM, SamplingParams
@@ -325,8 +324,10 @@ def main() -> None:
             + (["--profile"] if args.profile else [])
             + (["--cpu-time"] if args.cpu_time else [])
         )
-        cmd += ["--keel-path", str(args.keel_path)] if args.keel_path else []
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+        env = dict(os.environ)
+        if args.keel_path:  # the worker imports keel from that checkout (first on its PYTHONPATH)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(args.keel_path), env.get("PYTHONPATH")) if p)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
         results[engine] = json.loads(proc.stdout.strip().splitlines()[-1])
     print(
         f"model {args.model}, dtype {args.dtype}, device {args.device}, prompt {args.prompt_len} tokens, "

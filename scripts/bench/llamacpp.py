@@ -34,8 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from support.smollm2_file import find_gguf  # noqa: E402  (the one lookup of the real SmolLM2 GGUF)
+from keel_dev.smollm2 import find_gguf  # the one lookup of the real SmolLM2 GGUF
 
 ENGINES = ("keel-bf16", "llama-f16", "keel-fp8", "llama-q8_0", "llama-q4_1")
 LLAMA_FTYPES = {"f16": 1, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_Q8_0

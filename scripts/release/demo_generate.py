@@ -26,17 +26,14 @@ import sys
 import time
 from pathlib import Path
 
+import demo_ops  # scripts/release/demo_ops.py (this script's folder is on sys.path)
 import torch
+from keel_dev.engine import keel_prompt_logits
+from keel_dev.parity import logit_diff, top2_margins
 
 import keel
 from keel import LLM, SamplingParams
 from keel.hf.resolve import DEFAULT_MODEL
-
-SCRIPTS = Path(__file__).resolve().parent
-sys.path[:0] = [str(SCRIPTS), str(SCRIPTS.parents[1] / "tests")]  # demo_ops; support.engine (all-position logits)
-import demo_ops  # noqa: E402
-from support.engine import keel_prompt_logits  # noqa: E402
-from support.parity import logit_diff, top2_margins  # noqa: E402
 
 PROMPT = "What is the capital of France?"
 

@@ -42,8 +42,7 @@ import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline_checks import (  # noqa: E402
+from pipeline_checks import (  # scripts/release/pipeline_checks.py (this script's folder is on sys.path)
     OP_TESTS,
     Row,
     check_preflight,
@@ -55,9 +54,10 @@ from pipeline_checks import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / ".cache" / "pipeline"
-# what the op tests need besides torch and the wheel: pytest, and the checkout's keel-audit (pure Python),
-# which tests/test_wheel_libraries.py runs over the installed libraries
-TEST_TOOLS = ["pytest", str(ROOT / "audit")]
+# what the op tests need besides torch and the wheel: pytest, the checkout's keel-audit (pure Python), which
+# tests/test_wheel_libraries.py runs over the installed libraries, and keel-dev (scripts/keel_dev: the
+# helpers the tests and the probe share, e.g. the parity rule)
+TEST_TOOLS = ["pytest", str(ROOT / "audit"), str(ROOT / "scripts")]
 # This machine's pip config caps torch (a constraints file); the pipeline's own installs lift it.
 # An empty PIP_CONSTRAINT is ignored by some pip releases, /dev/null (no constraints) never is.
 PIP_ENV = {"PIP_CONSTRAINT": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}

@@ -1,15 +1,12 @@
 """What scripts/release/pipeline.py holds each row to, and its table: per-library op-test counts, the probe's op
-checks, and the probe's logits and greedy tokens against torch A's (standard library only)."""
+checks, and the probe's logits and greedy tokens against torch A's (standard library, and keel_dev's pure
+Python parity rule, imported when a row is compared, so that `pipeline.py --help` needs nothing)."""
 
 from __future__ import annotations
 
-import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from support.parity import compare_greedy  # noqa: E402  (pure Python: the rule the test suite uses)
 
 # The op tests run in every environment (the checkout's, against the installed wheel), and the library each
 # test module belongs to: the first matching junit classname prefix wins.
@@ -125,6 +122,8 @@ def compare_to_reference(row: Row, result: dict, reference: dict | None) -> None
         row.logits = f"max {diff['max_abs']:.3g}, mean {diff['mean_abs']:.3g} over {diff['positions']} positions" + (
             "" if row.logits_ok else f" > {LOGIT_ATOL}"
         )
+    from keel_dev.parity import compare_greedy  # the rule the test suite uses (pure Python)
+
     parity = compare_greedy(row.token_ids, reference["token_ids"], reference["margins"], TIE)
     row.tokens_same = parity.ok
     equal = parity.length if parity.first_diff is None else parity.first_diff

@@ -14,26 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
+from keel_dev import child_env
+from keel_dev.server import start_server
+
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France?"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def keel_files_digest(python: str) -> dict[str, str]:
@@ -65,43 +57,13 @@ def serve_and_ask(
     """Start `keel serve` with `python`, ask a completion and a chat question, stop it; what it answered."""
     import openai
 
-    port = free_port()
-    cmd = [
-        python,
-        "-m",
-        "keel.cli",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        str(port),
-        "--dtype",
-        dtype,
-        "--served-model-name",
-        "m",
-        "--log-level",
-        "warning",
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    # cwd outside any checkout: the installed keel is what runs, never a source tree
-    proc = subprocess.Popen(
-        cmd, cwd=tempfile.gettempdir(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    server = start_server(
+        ["--model", model, "--dtype", dtype, "--served-model-name", "m", "--log-level", "warning"],
+        python=python,
+        timeout_s=timeout_s,
     )
-    base = f"http://127.0.0.1:{port}"
+    base = server.base_url
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"keel serve exited with {proc.returncode}:\n{proc.stdout.read()}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"keel serve did not come up on {base} within {timeout_s} s")
-            time.sleep(0.2)
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         completion = client.completions.create(model="m", prompt=QUESTION, max_tokens=max_tokens, temperature=0)
         chat = client.chat.completions.create(
@@ -114,19 +76,13 @@ def serve_and_ask(
             if line.startswith("keel_build_info{")
         )
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
     return {
         "torch": served_torch,
         "completion": completion.choices[0].text,
         "chat": chat.choices[0].message.content,
         "completion_tokens": completion.usage.completion_tokens + chat.usage.completion_tokens,
-        "exit_code": proc.returncode,
+        "exit_code": server.proc.returncode,
     }
 
 
@@ -141,16 +97,15 @@ def make_env_b(a: Path, b: Path, torch_b: str) -> None:
 
 
 def tiny_model(folder: Path, python: str) -> str:
-    """The tests' tiny random checkpoint (tests/engine/tiny_checkpoints.py), built once into `folder`."""
+    """The tests' tiny random checkpoint (keel_dev.checkpoints), built once into `folder`."""
     if not (folder / "tiny" / "config.json").is_file():
         code = (
-            "import sys; from pathlib import Path\n"
-            f"sys.path.insert(0, {str(ROOT / 'tests' / 'engine')!r})\n"
-            "from tiny_checkpoints import build_checkpoint, train_tokenizer\n"
+            "from pathlib import Path\n"
+            "from keel_dev.checkpoints import build_checkpoint, train_tokenizer\n"
             f"root = Path({str(folder)!r}); (root / 'tok').mkdir(parents=True, exist_ok=True)\n"
             "train_tokenizer(root / 'tok'); build_checkpoint(root / 'tiny', 'smollm2', root / 'tok')\n"
         )
-        subprocess.run([python, "-c", code], check=True, cwd=tempfile.gettempdir())
+        subprocess.run([python, "-c", code], check=True, cwd=tempfile.gettempdir(), env=child_env())
     return str(folder / "tiny")
 
 

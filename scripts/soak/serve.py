@@ -23,9 +23,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,10 +31,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from report import print_summary, summarize  # noqa: E402
-from traffic import Outcome, Target, Traffic, calibrate  # noqa: E402
+from keel_dev.server import start_server
+from report import print_summary, summarize  # scripts/soak/report.py (this script's folder is on sys.path)
+from traffic import Outcome, Target, Traffic, calibrate
 
 GAUGES = ("keel_kv_cache_blocks_used", "keel_num_requests_running", "keel_num_requests_waiting")
 
@@ -84,44 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "keel.cli", "serve", "--port", str(port), "--served-model-name", "soak"]
-    cmd += ["--dtype", args.dtype, "--log-level", "warning", "--block-size", str(args.block_size)]
-    cmd += ["--max-num-seqs", str(args.max_num_seqs), "--max-waiting", str(args.max_waiting)]
-    cmd += ["--kv-cache-gib", repr(args.kv_cache_gib), "--max-body-bytes", str(args.max_body_bytes)]
-    cmd += ["--model", args.model] if args.model else []
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    log = log_path.open("w")
-    proc = subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"keel serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                return proc, url
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"keel serve did not come up on {url}") from None
-            time.sleep(0.2)
-
-
-def stop_server(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+def server_args(args: argparse.Namespace) -> list[str]:
+    """The `keel serve` options of this soak (the port is keel_dev.server's)."""
+    cmd = ["--served-model-name", "soak", "--dtype", args.dtype, "--log-level", "warning"]
+    cmd += ["--block-size", str(args.block_size), "--max-num-seqs", str(args.max_num_seqs)]
+    cmd += ["--max-waiting", str(args.max_waiting), "--kv-cache-gib", repr(args.kv_cache_gib)]
+    cmd += ["--max-body-bytes", str(args.max_body_bytes)]
+    return cmd + (["--model", args.model] if args.model else [])
 
 
 def proc_stats(pid: int | None) -> dict[str, int]:
@@ -265,21 +230,22 @@ class Soak:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One soak: start (or attach to) the server, drive it, stop it; the summary (figures and goals)."""
-    proc, log_path = None, Path(tempfile.mkdtemp(prefix="keel-soak-")) / "serve.log"
+    server = None
     if args.url:
         url, pid = args.url.rstrip("/"), args.pid
     else:
-        proc, url = start_server(args, log_path)
-        pid = proc.pid
+        log_path = Path(tempfile.mkdtemp(prefix="keel-soak-")) / "serve.log"
+        server = start_server(server_args(args), output=log_path)
+        url, pid = server.base_url, server.proc.pid
     try:
         soak = Soak(args, url, pid)
         state = asyncio.run(soak.run())
     finally:
-        code = stop_server(proc) if proc is not None else None
-    log_text = log_path.read_text() if proc is not None else ""
+        code = server.stop() if server is not None else None
+    log_text = server.output() if server is not None else ""
     result = summarize(soak, state, log_text)
     result["figures"]["server_exit_code"] = code
-    if proc is not None:
+    if server is not None:
         result["goals"]["the server stopped cleanly on SIGINT"] = code == 0
     result["args"], result["samples"] = vars(args), soak.samples
     result["server_log_tail"] = log_text[-4000:]

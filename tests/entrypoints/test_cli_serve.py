@@ -4,15 +4,13 @@ after a restart (the mechanism of scripts/release/serve_upgrade.py, here on one 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from serve_helpers import needs_ops
+from support.scripts import load_script
+from support.serve import needs_ops
 
 pytestmark = needs_ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "release"))
-
-import serve_upgrade  # noqa: E402
+serve_upgrade = load_script("release/serve_upgrade.py")
 
 
 def test_keel_serve_restart_answers_the_same(tiny_model):

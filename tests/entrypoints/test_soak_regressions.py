@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from serve_helpers import MODEL_NAME, needs_ops, start_server
+from support.serve import MODEL_NAME, needs_ops, start_server
 
 pytestmark = needs_ops
 

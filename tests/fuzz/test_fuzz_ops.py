@@ -7,10 +7,9 @@ import random
 
 import pytest
 import torch
-
-from keel._fuzz import fuzz
-from keel._fuzz.examples import all_examples
-from keel._fuzz.inventory import registered
+from keel_dev.fuzz.ops import fuzz
+from keel_dev.fuzz.ops.examples import all_examples
+from keel_dev.fuzz.ops.inventory import registered
 
 
 @pytest.mark.parametrize("name", sorted(all_examples()))

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from gguf_synth import tiny_llama, write_gguf
+from support.gguf_synth import tiny_llama, write_gguf
 
 from keel.cli import main
 from keel.gguf.install import (

@@ -12,8 +12,8 @@ import functools
 
 import pytest
 import torch
-from support.greedy import ISAS, cpu_flags, run_keel
-from support.parity import assert_greedy_parity, greedy_gaps, logit_diff, top2_margins
+from keel_dev.greedy import ISAS, cpu_flags, run_keel
+from keel_dev.parity import assert_greedy_parity, greedy_gaps, logit_diff, top2_margins
 from support.smollm2 import GGUF, needs_smollm2
 
 pytestmark = needs_smollm2

@@ -8,8 +8,7 @@ from collections import defaultdict
 
 import loader_fuzz
 import pytest
-from gguf_mutations import gguf_mutations
-from mutations import Mutation, hf_mutations
+from keel_dev.fuzz.loaders import Mutation, gguf_mutations, hf_mutations
 from support.smollm2 import needs_smollm2
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.engine import keel_prompt_logits
-from support.parity import top2_margins
+from keel_dev.engine import keel_prompt_logits
+from keel_dev.parity import top2_margins
 from support.smollm2 import needs_smollm2 as needs_model
 from torch import nn
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from dg_reference import fp8_reference
 from keel_audit import audit
+from support.dg_reference import fp8_reference
 
 from keel.vendored import deep_gemm as dg
 

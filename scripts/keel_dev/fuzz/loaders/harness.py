@@ -18,7 +18,7 @@ and the defects:
   crash    the worker died
   hang     no answer within the timeout
 
-  python tests/hf/loader_fuzz.py --worker HF_SOURCE GGUF_SOURCE    (internal: mutations on stdin)
+  python -m keel_dev.fuzz.loaders --worker HF_SOURCE GGUF_SOURCE WORKDIR    (internal: mutations on stdin)
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from mutations import Mutation  # noqa: E402
+from keel_dev import child_env
+from keel_dev.fuzz.loaders.mutations import Mutation
 
 # keel's checkpoint error family, by class name (so that the harness also runs against older keel code)
 KEEL_ERRORS = frozenset(
@@ -90,7 +89,7 @@ class _Sources:
 
     def layout(self) -> Any:
         if self._layout is None:
-            import gguf_layout
+            from keel_dev.fuzz.loaders import gguf_layout
 
             assert self.gguf is not None
             self._layout = gguf_layout.parse(self.gguf.read_bytes())
@@ -107,14 +106,13 @@ def run_case(m: Mutation, src: _Sources, workdir: Path) -> dict[str, str]:
     phase = "mutate"
     try:
         if m.target == "hf":
-            from mutations import apply_hf
+            from keel_dev.fuzz.loaders.mutations import apply_hf
 
             assert src.hf is not None
             folder = apply_hf(m, src.hf, tmp / "model")
         else:
-            from gguf_mutations import apply_gguf
-
             from keel.gguf.install import install_gguf
+            from keel_dev.fuzz.loaders.gguf_mutations import apply_gguf
 
             assert src.gguf is not None
             path = apply_gguf(m, src.gguf, src.layout(), tmp)
@@ -202,16 +200,16 @@ class Worker:
     """One child process running cases; restarted after a crash or hang."""
 
     def __init__(self, hf: Path | None, gguf: Path | None, workdir: Path) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        env = child_env(dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"))
         args = [str(hf or "-"), str(gguf or "-"), str(workdir)]
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", *args],
+            [sys.executable, "-m", "keel_dev.fuzz.loaders", "--worker", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
-            cwd=Path(__file__).parent,
+            cwd=workdir,
         )
         ready = self._read(300.0)
         if not ready or not ready.get("ready"):
@@ -273,7 +271,3 @@ def fuzz(
     finally:
         w.close()
     return report
-
-
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--worker":
-    worker(*sys.argv[2:])

@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TESTS = Path(__file__).resolve().parents[1]
+from keel_dev import child_env
+
 ISAS = ("default", "avx2", "base")  # "default": KEEL_CPU_ISA unset, the best build this CPU runs
 
 
@@ -20,7 +21,7 @@ def keel_greedy(llm: Any, ids: list[int], max_tokens: int) -> tuple[list[int], A
     """keel's greedy tokens after `ids` (stopping at eos) and its logits [len(ids) + n - 1, V] at every
     position of prompt + tokens that predicts a next one (one prefill pass over the whole sequence)."""
     from keel import SamplingParams
-    from support.engine import keel_prompt_logits
+    from keel_dev.engine import keel_prompt_logits
 
     tokens = llm.generate([ids], SamplingParams(max_tokens=max_tokens))[0].token_ids
     return tokens, keel_prompt_logits(llm, ids + tokens)[:-1]
@@ -37,9 +38,9 @@ def run_keel(model: str, prompts: dict[str, list[int]], dtypes: list[str], max_t
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "keel.pt"
         job = {"model": model, "prompts": prompts, "dtypes": dtypes, "max_tokens": max_tokens, "out": str(out)}
-        code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); from support.greedy import _child; _child(sys.argv[1])"
+        code = "import sys; from keel_dev.greedy import _child; _child(sys.argv[1])"
         proc = subprocess.run(
-            [sys.executable, "-c", code, json.dumps(job)], cwd=tmp, env=env, capture_output=True, text=True
+            [sys.executable, "-c", code, json.dumps(job)], cwd=tmp, env=child_env(env), capture_output=True, text=True
         )
         if proc.returncode != 0:
             raise RuntimeError(f"keel child (KEEL_CPU_ISA={isa}) exited {proc.returncode}:\n{proc.stderr[-4000:]}")

@@ -9,7 +9,7 @@ answer in time), harness (building the case failed: a bug of the fuzzer, reporte
 
 from __future__ import annotations
 
-from keel._fuzz.cases import DEFECTS, OUTCOMES, Case
-from keel._fuzz.runner import Report, fuzz
+from keel_dev.fuzz.ops.cases import DEFECTS, OUTCOMES, Case
+from keel_dev.fuzz.ops.runner import Report, fuzz
 
 __all__ = ["DEFECTS", "OUTCOMES", "Case", "Report", "fuzz"]

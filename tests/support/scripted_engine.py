@@ -127,10 +127,9 @@ class ScriptedEngine:
 
 def start_scripted(tiny_model: Any, pieces: list[str], **kwargs: Any) -> Any:
     """A real server over a ScriptedEngine (the tiny checkpoint's config and tokenizer)."""
-    from serve_helpers import MODEL_NAME, Served, make_engine
-
     from keel.engine.async_engine import AsyncEngine
     from keel.entrypoints.openai.api_server import ServerLimits, ServerThread, build_app
+    from support.serve import MODEL_NAME, Served, make_engine
 
     fake = ScriptedEngine(make_engine(tiny_model), pieces, **kwargs)
     engine = AsyncEngine(fake, max_admitted=64)

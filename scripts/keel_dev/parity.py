@@ -39,7 +39,8 @@ class GreedyParity:
         if self.near_tie is None:
             tie = f"no reference margin below {self.threshold:g}"
         else:
-            tie = f"reference's first near-tie at token {self.near_tie} (margin {self.near_tie_margin:.4g} < {self.threshold:g})"
+            margin = f"margin {self.near_tie_margin:.4g} < {self.threshold:g}"
+            tie = f"reference's first near-tie at token {self.near_tie} ({margin})"
         if not self.ok:
             return f"DIFFER at token {self.first_diff}, before the first near-tie: {tie}"
         rest = f"equal over all {self.length}" if self.first_diff is None else f"they part from token {self.first_diff}"

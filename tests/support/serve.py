@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # the engine tests' checkpoint helpers
+from keel_dev.checkpoints import build_checkpoint, train_tokenizer
 
-from tiny_checkpoints import build_checkpoint, keel_native_ops, needs_ops, train_tokenizer  # noqa: E402,F401
+from support.native import keel_native_ops, needs_ops  # noqa: E402,F401
 
 MODEL_NAME = "tiny"
 BLOCK_SIZE = 4

@@ -1,4 +1,4 @@
-"""Engine helpers shared by test modules; they reach into the engine's parts explicitly."""
+"""Engine helpers shared by tests and the pipeline's probe; they reach into the engine's parts explicitly."""
 
 from __future__ import annotations
 
