@@ -36,37 +36,14 @@ import time
 from pathlib import Path
 
 import torch
-
-SMOLLM2_135M = dict(
-    architectures=["LlamaForCausalLM"],
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=49152,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    rope_theta=100000.0,
-    bos_token_id=0,
-    eos_token_id=0,
-)
+from keel_dev.checkpoints import write_random_llama
 
 
 def make_random_smollm2(folder: Path) -> None:
-    """SmolLM2-135M's exact config with random weights, plus a tiny offline tokenizer."""
-    import transformers as tf
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    if (folder / "config.json").is_file():
-        return
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(**{k: v for k, v in SMOLLM2_135M.items() if k != "architectures"})
-    tf.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(SMOLLM2_135M["vocab_size"])}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(folder / "tokenizer.json"))
+    """SmolLM2-135M's shapes (tied embeddings, 8192 positions) with random weights, plus a word-level
+    tokenizer (keel_dev.checkpoints.write_random_llama)."""
+    if not (folder / "config.json").is_file():
+        write_random_llama(folder, seed=0, tied=True, max_position_embeddings=8192)
 
 
 def peak_memory_mb(device: str) -> float:

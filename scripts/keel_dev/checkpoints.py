@@ -140,8 +140,9 @@ SMOLLM2 = dict(
 )
 
 
-def write_random_llama(folder: Path, seed: int = 0, head_std: float = 2.0, **shape: int) -> Path:
-    """config.json + model.safetensors (bf16) + tokenizer.json in `folder`; `shape` overrides SMOLLM2's."""
+def write_random_llama(folder: Path, seed: int = 0, head_std: float = 2.0, tied: bool = False, **shape: int) -> Path:
+    """config.json + model.safetensors (bf16) + tokenizer.json in `folder`; `shape` overrides SMOLLM2's.
+    `tied`: no lm_head tensor, the embeddings serve as the head (SmolLM2's own layout)."""
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -156,7 +157,8 @@ def write_random_llama(folder: Path, seed: int = 0, head_std: float = 2.0, **sha
         return (torch.randn(*s, generator=g) * std).to(torch.bfloat16)
 
     w = {"model.embed_tokens.weight": rand(v, h, std=1.0), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
-    w["lm_head.weight"] = rand(v, h, std=head_std)
+    if not tied:
+        w["lm_head.weight"] = rand(v, h, std=head_std)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w |= {
@@ -177,7 +179,7 @@ def write_random_llama(folder: Path, seed: int = 0, head_std: float = 2.0, **sha
         **cfg,
         "rms_norm_eps": 1e-5,
         "rope_theta": 100000.0,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tied,
         "torch_dtype": "bfloat16",
         "bos_token_id": 0,
         "eos_token_id": 0,

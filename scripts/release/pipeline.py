@@ -20,10 +20,10 @@
    the prediction must equal what the probe process mapped (the "preflight" column);
 5. one table; exit 0 only when every row holds: same library bytes, op tests pass, every op within its
    bound, logits within scripts/release/pipeline_checks.py's LOGIT_ATOL of torch A's, and greedy tokens equal to
-   A's up to A's first near-tie (the parity rule of tests/support/parity.py; the table says where).
+   A's up to A's first near-tie (the parity rule of scripts/keel_dev/parity.py; the table says where).
 
 Uses only the standard library (and the checkout's pure-Python scripts/release/pipeline_checks.py and
-tests/support/parity.py): it drives the environments, it does not import keel or torch.
+scripts/keel_dev/parity.py): it drives the environments, it does not import keel or torch.
 Logs of every step go to .cache/pipeline/.
 """
 

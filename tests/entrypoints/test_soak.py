@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.serve import BLOCK_SIZE, kv_bytes_per_block, needs_ops
 
-pytestmark = needs_ops
+pytestmark = [needs_ops, pytest.mark.slow]  # a 20 s soak, plus the server's start and warm-up
 
 SOAK = Path(__file__).resolve().parents[2] / "scripts" / "soak" / "serve.py"
 

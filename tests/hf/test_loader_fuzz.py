@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-import loader_fuzz
 import pytest
 from keel_dev.fuzz.loaders import Mutation, gguf_mutations, hf_mutations
+from keel_dev.fuzz.loaders import harness as loader_fuzz
 from support.smollm2 import needs_smollm2
 
 
@@ -68,6 +68,7 @@ REAL = (
 )
 
 
+@pytest.mark.slow  # the real 135M model, each mutation loaded in a worker
 @needs_smollm2
 def test_real_smollm2_sample_has_no_defects(smollm2_fp32, tmp_path):
     from support.smollm2 import GGUF

@@ -63,6 +63,7 @@ def _perplexity(llm, ids: list[int]) -> float:
     return math.exp(float(nll))
 
 
+@pytest.mark.slow  # the real 135M model in bf16 and fp8, perplexity over a page of text
 @needs_model
 def test_fp8_engine_answers_paris_and_keeps_perplexity(smollm2_fp32):
     from keel import LLM, SamplingParams
@@ -105,6 +106,7 @@ def test_fp8_engine_answers_paris_and_keeps_perplexity(smollm2_fp32):
         assert abs(ppl[name] / ppl["bf16"] - 1) < tol, (name, ppl)
 
 
+@pytest.mark.slow  # the real 135M model
 @needs_model
 def test_cli_generate_quantization_fp8(smollm2_fp32, capsys):
     from keel.cli import main
