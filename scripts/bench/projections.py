@@ -18,10 +18,10 @@ ratios of one run.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
+from keel_dev.timing import best_times
 
 import keel  # noqa: F401  (loads keel's ops)
 from keel import ops
@@ -77,14 +77,9 @@ def main() -> None:
     print("|---|" + "---|" * (len(peers) + 2))
     for threads in args.threads:
         torch.set_num_threads(threads)
-        best = dict.fromkeys(peers, float("inf"))
-        for _ in range(args.rounds):
-            for name, (fn, _) in peers.items():
-                fn()  # the first call after another peer: its weights are cold again
-                t = time.perf_counter()
-                for _ in range(args.tokens):
-                    fn()
-                best[name] = min(best[name], (time.perf_counter() - t) / args.tokens)
+        # prime=1: one untimed call after the previous peer ran, whose weights then left the caches
+        fns = {name: fn for name, (fn, _) in peers.items()}
+        best = best_times(fns, repeats=args.rounds, inner=args.tokens, warmup=0, prime=1)
         cells = [f"{best[n] * 1e3:.2f} ({nbytes / best[n] / 1e9:.1f})" for n, (_, nbytes) in peers.items()]
         ratios = [best["keel-bf16"] / best["keel-fp8"], best["torch-bf16"] / best["keel-bf16"]]
         print(f"| {threads} | " + " | ".join(cells) + " | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")

@@ -18,9 +18,10 @@ Fn = Callable[[], object]
 
 
 def best_times(
-    fns: Mapping[str, Fn], *, repeats: int, inner: int = 1, device: str = "cpu", warmup: int = 1
+    fns: Mapping[str, Fn], *, repeats: int, inner: int = 1, device: str = "cpu", warmup: int = 1, prime: int = 0
 ) -> dict[str, float]:
-    """Best mean seconds per call of each fn in `fns` (see the module's docstring)."""
+    """Best mean seconds per call of each fn in `fns` (see the module's docstring). `prime`: untimed calls
+    before each of its timed batches (what the previous peer evicted from the caches comes back first)."""
     if repeats < 1 or inner < 1:
         raise ValueError(f"best_times: repeats and inner must be >= 1, got repeats={repeats}, inner={inner}")
     for fn in fns.values():
@@ -30,6 +31,8 @@ def best_times(
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            for _ in range(prime):
+                fn()
             samples[name].append(_mean_call(fn, inner, device))
     return {name: min(v) for name, v in samples.items()}
 
