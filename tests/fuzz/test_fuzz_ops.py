@@ -9,12 +9,13 @@ import pytest
 import torch
 from keel_dev.fuzz.ops import fuzz
 from keel_dev.fuzz.ops.examples import all_examples
-from keel_dev.fuzz.ops.inventory import registered
+from keel_dev.fuzz.ops.inventory import load_libraries, registered
 
 
 @pytest.mark.parametrize("name", sorted(all_examples()))
 def test_unmutated_examples_are_accepted(name):
     # the fuzzer starts from valid calls: if they failed, mutations would explore nothing
+    load_libraries()  # the vendored libraries register their ops when their module is imported
     ns, op = name.split("::")
     overload = getattr(getattr(torch.ops, ns), op).default
     for seed in range(8):
