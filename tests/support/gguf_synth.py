@@ -1,4 +1,4 @@
-"""Writers for tiny synthetic GGUF files, kept independent of keel's reader (tests import it via conftest)."""
+"""Writers for tiny synthetic GGUF files, kept independent of keel's reader."""
 
 from __future__ import annotations
 
@@ -9,37 +9,15 @@ from typing import Any
 
 import numpy as np
 
-# value type tags of the GGUF spec
-U8, I8, U16, I16, U32, I32, F32V, BOOL, STR, ARR, U64, I64, F64 = range(13)
-_FMT = {
-    U8: "<B",
-    I8: "<b",
-    U16: "<H",
-    I16: "<h",
-    U32: "<I",
-    I32: "<i",
-    F32V: "<f",
-    BOOL: "<?",
-    U64: "<Q",
-    I64: "<q",
-    F64: "<d",
-}
+# value type tags of the GGUF spec, and their encoding (the loader fuzzer's byte-level model, which is
+# independent of keel's reader too)
+from keel_dev.fuzz.loaders.gguf_layout import ARR, BOOL, F64, I8, I16, I32, I64, STR, U8, U16, U32, U64  # noqa: F401
+from keel_dev.fuzz.loaders.gguf_layout import F32 as F32V
+from keel_dev.fuzz.loaders.gguf_layout import encode_str as _str
+from keel_dev.fuzz.loaders.gguf_layout import encode_value as _value
+
 # ggml types used here
 T_F32, T_F16, T_Q4_1, T_Q8_0, T_BF16 = 0, 1, 3, 8, 30
-
-
-def _str(s: str) -> bytes:
-    b = s.encode()
-    return struct.pack("<Q", len(b)) + b
-
-
-def _value(vtype: int, value: Any) -> bytes:
-    if vtype == STR:
-        return _str(value)
-    if vtype == ARR:
-        etype, items = value
-        return struct.pack("<IQ", etype, len(items)) + b"".join(_value(etype, v) for v in items)
-    return struct.pack(_FMT[vtype], value)
 
 
 @dataclass
