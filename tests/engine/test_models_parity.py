@@ -168,6 +168,7 @@ def _greedy_gaps(hf, ids: list[int], tokens: list[int]) -> torch.Tensor:
     return logits.max(-1).values - logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
+@pytest.mark.slow  # transformers in bf16 for every architecture (fp32 parity stays in the quick tier)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bf16_greedy_follows_transformers_bf16(arch, bf16_pair):
     llm, hf = bf16_pair(arch)

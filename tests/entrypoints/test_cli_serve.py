@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from support.scripts import load_script
 from support.serve import needs_ops
 
@@ -13,6 +14,7 @@ pytestmark = needs_ops
 serve_upgrade = load_script("release/serve_upgrade.py")
 
 
+@pytest.mark.slow  # two `keel serve` processes, one after the other
 def test_keel_serve_restart_answers_the_same(tiny_model):
     first = serve_upgrade.serve_and_ask(sys.executable, str(tiny_model), max_tokens=8)
     second = serve_upgrade.serve_and_ask(sys.executable, str(tiny_model), max_tokens=8)

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from keel_dev.server import start_server
 from support.serve import needs_ops
 
@@ -97,6 +98,7 @@ def test_sigterm_lets_a_running_stream_finish(tiny_model):
     assert code == 0
 
 
+@pytest.mark.slow  # a second `keel serve` process (the drain within the timeout stays in the quick tier)
 def test_sigterm_past_the_shutdown_timeout_ends_the_stream_with_an_error(tiny_model):
     events, seen, code = run_drain(tiny_model, shutdown_timeout=0)
     assert seen["health"] in (503, None)  # 503, or already gone (a 0 s drain ends at once)

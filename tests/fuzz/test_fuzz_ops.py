@@ -24,6 +24,7 @@ def test_unmutated_examples_are_accepted(name):
                 overload(*all_examples()[name](random.Random(seed), device, dtype))
 
 
+@pytest.mark.slow  # 150 fuzz cases per op in worker processes (the unmutated calls stay in the quick tier)
 def test_fuzz_sample_has_no_defects():
     report = fuzz(cases_per_op=150, seed=20261201)
     assert set(report.ops) == set(registered()), "the run did not cover every registered op"

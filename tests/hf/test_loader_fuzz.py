@@ -42,6 +42,7 @@ def test_classifier_tells_clear_from_unclear():
     assert loader_fuzz.classify(ConfigError("config.json: hidden_size"), legit) == "refused"
 
 
+@pytest.mark.slow  # 38 mutated checkpoints, each loaded in a worker process
 def test_tiny_checkpoint_sample_has_no_defects(tiny_hf, tiny_gguf, tmp_path):
     mutations = sample(hf_mutations(tiny_hf), 26, seed=1) + sample(gguf_mutations(tiny_gguf), 12, seed=2)
     report = loader_fuzz.fuzz(mutations, tiny_hf, tiny_gguf, tmp_path, timeout=120)

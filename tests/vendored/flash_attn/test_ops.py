@@ -106,7 +106,10 @@ def test_expected_isa_caps_the_best_build():
     assert expected_isa("base", AVX512) == "base"
 
 
-@pytest.mark.parametrize("isa", ["base", "avx2", None])
+# the default build in the quick tier; the other CPU builds (a child process each) only in the whole suite
+@pytest.mark.parametrize(
+    "isa", [pytest.param("base", marks=pytest.mark.slow), pytest.param("avx2", marks=pytest.mark.slow), None]
+)
 def test_every_cpu_build_matches_reference(isa, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KEEL_CPU_ISA"}
     if isa:
