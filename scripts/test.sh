@@ -19,9 +19,17 @@ VENV="$KEEL_ROOT/.venv"
 keel_venv "$VENV" 2.13.0
 PY="$VENV/bin/python"
 
-# the hash of every file under the given paths (tracked or new, not ignored) and of their contents
+# the hash of every file under the given paths (in a git checkout: tracked or new, not ignored) and of
+# their contents
+list_files() {
+  if git -C "$KEEL_ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git -C "$KEEL_ROOT" ls-files -co --exclude-standard -z -- "$@"
+  else
+    (cd "$KEEL_ROOT" && find "$@" -type f -not -path '*/__pycache__/*' -not -name '*.so' -print0 2>/dev/null || true)
+  fi
+}
 hash_of() {
-  (cd "$KEEL_ROOT" && git ls-files -co --exclude-standard -z -- "$@" | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-64)
+  (cd "$KEEL_ROOT" && list_files "$@" | sort -z | xargs -0 -r sha256sum | sha256sum | cut -c1-64)
 }
 DEPS_STAMP="$VENV/.keel-deps-stamp"
 BUILD_STAMP="$VENV/.keel-build-stamp"
