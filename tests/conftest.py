@@ -1,17 +1,14 @@
-"""Puts tests/ on sys.path so test modules can import the shared `support` helpers.
+"""Session fixtures of the whole suite.
 
-pytest runs with --import-mode=importlib (pyproject.toml): the repository root is not
-put on sys.path, so `import keel` finds the installed wheel, not the source tree.
+pytest runs with --import-mode=importlib and `pythonpath = ["tests"]` (pyproject.toml): tests/ is on
+sys.path (the `support` helpers), the repository root is not, so `import keel` finds the installed
+wheel, not the source tree. The helpers scripts share with the tests are the installed `keel_dev`
+(`pip install -e scripts`).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(autouse=True, scope="session")

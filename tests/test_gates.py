@@ -49,11 +49,13 @@ def test_ruff_check():
     _run(_tool("ruff"), "check", ".")
 
 
+@pytest.mark.slow  # the whole package type-checked (the pre-commit hook runs it too)
 def test_mypy_keel():
     # keel at mypy's default strictness ([tool.mypy] in pyproject.toml)
     _run(_tool("mypy"), "--cache-dir=.cache/mypy")
 
 
+@pytest.mark.slow  # the whole audit package type-checked, strict
 def test_mypy_keel_audit_strict():
     # the keel-audit distribution under mypy --strict (audit/pyproject.toml's [tool.mypy]): it ships py.typed
     _run(_tool("mypy"), "--cache-dir=../.cache/mypy-audit", cwd=ROOT / "audit")

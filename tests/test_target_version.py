@@ -16,7 +16,10 @@ OPS = sorted((ROOT / "csrc" / "ops").glob("*.cpp")) if (ROOT / "csrc").is_dir() 
 WRAPPERS = [p for p in OPS if not p.stem.endswith("_cpu") and p.stem != "cpu_isa"]
 CXX = shutil.which("g++") or shutil.which("c++")
 
-pytestmark = pytest.mark.skipif(not (CXX and WRAPPERS), reason="needs a C++ compiler and the source tree")
+pytestmark = [
+    pytest.mark.skipif(not (CXX and WRAPPERS), reason="needs a C++ compiler and the source tree"),
+    pytest.mark.slow,  # C++ compiles of every op wrapper
+]
 
 
 def compile_syntax(sources: list[Path], target: tuple[int, int]) -> subprocess.CompletedProcess:

@@ -2,8 +2,9 @@
 from them, and where real ELF files of this machine are (torch's libraries, the interpreter's own
 extension modules, system libraries).
 
-conftest.py puts this folder on sys.path (pytest runs in importlib mode, the tests are no package),
-so test modules `from audit_support import ...` whether pytest runs from keel's root or from audit/.
+pytest puts this folder on sys.path (`pythonpath` in audit/pyproject.toml, and in keel's pyproject.toml;
+pytest runs in importlib mode, the tests are no package), so test modules `from audit_support import ...`
+whether pytest runs from keel's root or from audit/.
 """
 
 from __future__ import annotations

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from audit_support import build_libraries  # noqa: E402
+from audit_support import build_libraries
 
 
 @pytest.fixture(scope="session")

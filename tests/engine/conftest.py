@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))  # `tiny_checkpoints` under pytest's importlib import mode
-
-from tiny_checkpoints import ARCHS, COMMIT, build_checkpoint, keel_native_ops, model_dir, train_tokenizer  # noqa: E402,F401
+from keel_dev.checkpoints import ARCHS, COMMIT, build_checkpoint, model_dir, train_tokenizer
+from support.native import keel_native_ops  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 import torch
-from tiny_checkpoints import needs_ops
+from support.native import needs_ops
 
 from keel.layers.attention import PAGE_MULTIPLE, AttnMetadata, paged_attention
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from tiny_checkpoints import needs_ops
+from support.native import needs_ops
 
 from keel.cli import main
 

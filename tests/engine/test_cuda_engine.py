@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from random_checkpoint import write_random_llama
-from support.engine import keel_prompt_logits
+from keel_dev.checkpoints import write_random_llama
+from keel_dev.engine import keel_prompt_logits
 from support.smollm2 import needs_smollm2
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

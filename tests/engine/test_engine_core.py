@@ -5,8 +5,8 @@ request validation, continuous batching, abort, preemption under a small KV pool
 from __future__ import annotations
 
 import pytest
-from support.parity import assert_greedy_parity, reference_greedy
-from tiny_checkpoints import needs_ops
+from keel_dev.parity import assert_greedy_parity, reference_greedy
+from support.native import needs_ops
 
 from keel.engine import LLM, LLMEngine, SamplingParams
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_checkpoints import needs_ops
+from support.native import needs_ops
 
 from keel.engine import SamplingParams
 from keel.engine.block_manager import BlockManager, CacheFullError, slot_mapping

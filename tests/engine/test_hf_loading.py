@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_checkpoints import COMMIT, build_checkpoint, model_dir, needs_ops
+from keel_dev.checkpoints import COMMIT, build_checkpoint, model_dir
+from support.native import needs_ops
 
 import keel.engine  # noqa: F401  (keel.models imports keel.engine: importing keel.models first is a cycle)
 from keel.hf.config import ConfigError, ModelConfig

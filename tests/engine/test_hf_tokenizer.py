@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tiny_checkpoints import model_dir
+from keel_dev.checkpoints import model_dir
 
 from keel.hf.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
 

@@ -14,11 +14,9 @@ import pytest
 
 import keel
 
-HERE = Path(__file__).resolve().parent
-PROBE = textwrap.dedent(f"""
-    import sys
-    sys.path.insert(0, {str(HERE)!r})
-    from tiny_checkpoints import keel_native_ops, needs_ops  # noqa: F401
+TESTS = Path(__file__).resolve().parents[1]  # on the probe's PYTHONPATH, for `support`
+PROBE = textwrap.dedent("""
+    from support.native import keel_native_ops, needs_ops  # noqa: F401
 
     pytestmark = needs_ops
 
@@ -30,6 +28,7 @@ PROBE = textwrap.dedent(f"""
 
 def _run_probe(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     (tmp_path / "test_probe.py").write_text(PROBE)
+    env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(TESTS)) if p)}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "test_probe.py"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
 

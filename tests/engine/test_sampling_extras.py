@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from support.engine import keel_prompt_logits
-from tiny_checkpoints import needs_ops
+from keel_dev.engine import keel_prompt_logits
+from support.native import needs_ops
 
 from keel.engine import SamplingParams
 

@@ -12,7 +12,7 @@ from support.smollm2 import needs_smollm2
 from keel.engine import LLM, SamplingParams
 from keel.engine.sampling_params import StructuredOutputsParams
 
-pytestmark = needs_smollm2
+pytestmark = [needs_smollm2, pytest.mark.slow]  # the real 135M model, and transformers on it
 
 SCHEMA = {
     "type": "object",

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from tiny_checkpoints import needs_ops
+from support.native import needs_ops
 
 from keel.engine import SamplingParams
 from keel.engine.sampling_params import StructuredOutputsParams as SO

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `serve_helpers` under pytest's importlib mode
-
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
-from serve_helpers import Served, StepControl, build_tiny_model, keel_native_ops, start_server  # noqa: E402,F401
+from support.serve import Served, StepControl, build_tiny_model, keel_native_ops, start_server  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 import urllib.request
 
 import pytest
-from serve_helpers import MODEL_NAME, needs_ops
+from support.serve import MODEL_NAME, needs_ops
 
 pytestmark = needs_ops
 

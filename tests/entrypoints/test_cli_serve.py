@@ -1,20 +1,20 @@
 """`keel serve` as a process: it starts, answers the openai client, stops on SIGINT, and answers the same
-after a restart (the mechanism of scripts/serve_upgrade.py, here on one torch)."""
+after a restart (the mechanism of scripts/release/serve_upgrade.py, here on one torch)."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from serve_helpers import needs_ops
+import pytest
+from support.scripts import load_script
+from support.serve import needs_ops
 
 pytestmark = needs_ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import serve_upgrade  # noqa: E402
+serve_upgrade = load_script("release/serve_upgrade.py")
 
 
+@pytest.mark.slow  # two `keel serve` processes, one after the other
 def test_keel_serve_restart_answers_the_same(tiny_model):
     first = serve_upgrade.serve_and_ask(sys.executable, str(tiny_model), max_tokens=8)
     second = serve_upgrade.serve_and_ask(sys.executable, str(tiny_model), max_tokens=8)

@@ -10,7 +10,7 @@ import time
 
 import openai
 import pytest
-from serve_helpers import MODEL_NAME, needs_ops
+from support.serve import MODEL_NAME, needs_ops
 
 pytestmark = needs_ops
 

@@ -6,26 +6,17 @@ a GPU: no GPU has run this yet (compiled, not run)."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
+import signal
 import urllib.request
 
 import pytest
-import serve_helpers  # noqa: F401  (puts tests/engine on sys.path)
 import torch
-from random_checkpoint import write_random_llama
+from keel_dev.checkpoints import write_random_llama
+from keel_dev.server import start_server
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 PROMPT = "t5 t9 t100 t7 t300"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict) -> dict:
@@ -38,32 +29,15 @@ def test_keel_serve_on_cuda_answers(tmp_path):
     from keel import LLM, SamplingParams
 
     model = write_random_llama(tmp_path / "model", seed=3, num_hidden_layers=2, vocab_size=4096)
-    port = _free_port()
-    cmd = [sys.executable, "-m", "keel.cli", "serve", "--model", str(model), "--device", "cuda", "--dtype", "bf16"]
-    cmd += ["--port", str(port), "--kv-cache-gib", "0.25", "--log-level", "warning"]
-    # cwd outside the checkout: the installed keel is what runs
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
+    args = ["--model", str(model), "--device", "cuda", "--dtype", "bf16", "--kv-cache-gib", "0.25"]
+    server = start_server([*args, "--log-level", "warning"], timeout_s=180)
+    base = server.base_url
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"keel serve exited {proc.returncode}:\n{proc.stdout.read()}"  # type: ignore[union-attr]
-            try:
-                if urllib.request.urlopen(base + "/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "keel serve did not answer /health within 180 s"
-            time.sleep(0.5)
         body = {"model": str(model), "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
         answer = _post(base + "/v1/completions", body)
         metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop(signal.SIGTERM)
     text = answer["choices"][0]["text"]
     assert answer["usage"]["completion_tokens"] == 8 and text.strip()
     offline = LLM(str(model), dtype="bfloat16", device="cuda", progress=False)

@@ -5,52 +5,30 @@ chunk and `data: [DONE]`), and the process exits 0."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from serve_helpers import needs_ops
+import pytest
+from keel_dev.server import start_server
+from support.serve import needs_ops
 
 pytestmark = needs_ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from serve_upgrade import free_port  # noqa: E402
-
 
 class Proc:
+    """`keel serve` of `model` (keel_dev.server) with a drain timeout, and the requests this test sends it."""
+
     def __init__(self, model: Path, shutdown_timeout: float) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "keel.cli", "serve", "--model", str(model), "--port", str(self.port)]
-        cmd += ["--dtype", "float32", "--device", "cpu", "--block-size", "4", "--kv-cache-gib", "0.05"]
-        cmd += ["--served-model-name", "m", "--log-level", "warning", "--shutdown-timeout", str(shutdown_timeout)]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen(
-            cmd, cwd=tempfile.gettempdir(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        deadline = time.monotonic() + 120
-        while self.health() != 200:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"keel serve did not start:\n{self.proc.stdout.read()}")
-            time.sleep(0.1)
+        args = ["--model", str(model), "--dtype", "float32", "--device", "cpu", "--block-size", "4"]
+        args += ["--kv-cache-gib", "0.05", "--served-model-name", "m", "--log-level", "warning"]
+        self.server = start_server([*args, "--shutdown-timeout", str(shutdown_timeout)], timeout_s=120)
+        self.proc, self.base = self.server.proc, self.server.base_url
 
     def health(self) -> int | None:
-        try:
-            with urllib.request.urlopen(self.base + "/health", timeout=5) as resp:
-                return resp.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except OSError:
-            return None
+        return self.server.health()
 
     def post(self, path: str, body: dict) -> tuple[int, dict]:
         req = urllib.request.Request(self.base + path, json.dumps(body).encode(), {"content-type": "application/json"})
@@ -75,9 +53,7 @@ class Proc:
                     first.set()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(30)
+        self.server.kill()
 
 
 # a stream long enough to be in flight at the signal: 8 choices x 48 tokens of the tiny model (seconds here)
@@ -122,6 +98,7 @@ def test_sigterm_lets_a_running_stream_finish(tiny_model):
     assert code == 0
 
 
+@pytest.mark.slow  # a second `keel serve` process (the drain within the timeout stays in the quick tier)
 def test_sigterm_past_the_shutdown_timeout_ends_the_stream_with_an_error(tiny_model):
     events, seen, code = run_drain(tiny_model, shutdown_timeout=0)
     assert seen["health"] in (503, None)  # 503, or already gone (a 0 s drain ends at once)

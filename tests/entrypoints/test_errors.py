@@ -10,7 +10,7 @@ import urllib.request
 
 import openai
 import pytest
-from serve_helpers import MODEL_NAME, StepControl, needs_ops, start_server
+from support.serve import MODEL_NAME, StepControl, needs_ops, start_server
 
 pytestmark = needs_ops
 

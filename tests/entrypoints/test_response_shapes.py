@@ -9,8 +9,8 @@ import json
 import math
 
 import pytest
-from scripted_engine import start_scripted
-from serve_helpers import MODEL_NAME, needs_ops
+from support.scripted_engine import start_scripted
+from support.serve import MODEL_NAME, needs_ops
 
 pytestmark = needs_ops
 

@@ -1,10 +1,10 @@
-"""Bugs found while building the serving soak (scripts/soak_serve.py checks each of them too), one test each."""
+"""Bugs found while building the serving soak (scripts/soak/serve.py checks each of them too), one test each."""
 
 from __future__ import annotations
 
 import openai
 import pytest
-from serve_helpers import MODEL_NAME, needs_ops, start_server
+from support.serve import MODEL_NAME, needs_ops, start_server
 
 pytestmark = needs_ops
 

@@ -8,8 +8,8 @@ import random
 
 import openai
 import pytest
-from scripted_engine import start_scripted
-from serve_helpers import MODEL_NAME, needs_ops
+from support.scripted_engine import start_scripted
+from support.serve import MODEL_NAME, needs_ops
 
 from keel.entrypoints.openai.tool_parsers import HermesStreamParser, calls_from_required, parse_hermes, required_schema
 

@@ -1,4 +1,4 @@
-"""A small fixed-seed fuzz run of every op of every keel namespace (scripts/fuzz_ops.py runs the big one):
+"""A small fixed-seed fuzz run of every op of every keel namespace (scripts/dev/fuzz_ops.py runs the big one):
 no crash, no hang, and every error names the op."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ import random
 
 import pytest
 import torch
-
-from keel._fuzz import fuzz
-from keel._fuzz.examples import all_examples
-from keel._fuzz.inventory import registered
+from keel_dev.fuzz.ops import fuzz
+from keel_dev.fuzz.ops.examples import all_examples
+from keel_dev.fuzz.ops.inventory import load_libraries, registered
 
 
 @pytest.mark.parametrize("name", sorted(all_examples()))
 def test_unmutated_examples_are_accepted(name):
     # the fuzzer starts from valid calls: if they failed, mutations would explore nothing
+    load_libraries()  # the vendored libraries register their ops when their module is imported
     ns, op = name.split("::")
     overload = getattr(getattr(torch.ops, ns), op).default
     for seed in range(8):
@@ -24,6 +24,7 @@ def test_unmutated_examples_are_accepted(name):
                 overload(*all_examples()[name](random.Random(seed), device, dtype))
 
 
+@pytest.mark.slow  # 150 fuzz cases per op in worker processes (the unmutated calls stay in the quick tier)
 def test_fuzz_sample_has_no_defects():
     report = fuzz(cases_per_op=150, seed=20261201)
     assert set(report.ops) == set(registered()), "the run did not cover every registered op"

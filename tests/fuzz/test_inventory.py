@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from keel_dev.fuzz.ops.examples import all_examples
+from keel_dev.fuzz.ops.inventory import load_libraries, registered, vendored_modules
+from support.scripts import load_script
 
 from keel import _compat, _oplist
-from keel._fuzz.examples import all_examples
-from keel._fuzz.inventory import load_libraries, registered, vendored_modules
 
 ROOT = Path(__file__).resolve().parents[2]
-GEN = ROOT / "scripts" / "gen_oplist.py"
+GEN = ROOT / "scripts" / "dev" / "gen_oplist.py"
 needs_source = pytest.mark.skipif(not GEN.is_file(), reason="not a source checkout")
 
 
@@ -51,11 +52,7 @@ def test_every_registered_op_has_a_fuzz_example():
 @needs_source
 def test_a_new_library_is_picked_up_from_its_bindings(tmp_path):
     # the generator reads every bindings file: a new adapter's namespace and ops need no list edited
-    sys.path.insert(0, str(GEN.parent))
-    try:
-        import gen_oplist
-    finally:
-        sys.path.remove(str(GEN.parent))
+    gen_oplist = load_script("dev/gen_oplist.py")
     for rel in ("csrc/bindings.cpp", "adapters/flash_attn/bindings.cpp"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((ROOT / rel).read_text())

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from gguf_synth import T_F32, llamacpp_permute, tiny_llama, write_gguf
+from support.gguf_synth import T_F32, llamacpp_permute, tiny_llama, write_gguf
 
 from keel.gguf.convert import convert_state_dict, hf_name, permute_qk, unpermute_qk, write_checkpoint
 from keel.gguf.reader import GGUFError, read_gguf

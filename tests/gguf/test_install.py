@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from gguf_synth import tiny_llama, write_gguf
+from support.gguf_synth import tiny_llama, write_gguf
 
 from keel.cli import main
 from keel.gguf.install import BASE_MODEL, fetch_demo, find_installed, install_gguf

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from gguf_synth import ARR, BOOL, F32V, STR, U32, U64, tiny_llama, write_gguf
+from support.gguf_synth import ARR, BOOL, F32V, STR, U32, U64, tiny_llama, write_gguf
 
 from keel.gguf.convert import write_checkpoint
 from keel.gguf.install import fetch_demo, find_installed, install_gguf

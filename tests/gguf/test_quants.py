@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf_synth import T_Q4_1, T_Q8_0, dequant_reference, quantize_q4_1, quantize_q8_0
+from support.gguf_synth import T_Q4_1, T_Q8_0, dequant_reference, quantize_q4_1, quantize_q8_0
 
 from keel.gguf.quants import GGMLType, dequantize, tensor_nbytes
 

@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 import pytest
-from gguf_synth import (
+from support.gguf_synth import (
     ARR,
     BOOL,
     F32V,

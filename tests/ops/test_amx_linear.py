@@ -156,6 +156,7 @@ def levels(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     return {isa: _child(LEVEL_SCRIPT, isa, where) for isa in LEVELS if isa != "amx" or HAS_AMX}
 
 
+@pytest.mark.slow  # a child process per CPU build level
 @pytest.mark.parametrize("isa", LEVELS)
 def test_every_level_matches_reference(isa, levels):
     if isa not in levels:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from keel import ops
@@ -51,6 +52,7 @@ def test_block_uses_every_op():
     assert names == set(KEEL_OPS)
 
 
+@pytest.mark.slow  # torch.compile: inductor generates and compiles C++ for the graph (a native build)
 def test_fullgraph_compile_matches_eager():
     torch._dynamo.reset()
     eager_in = _inputs()

@@ -177,7 +177,10 @@ def test_strided_and_3d_inputs():
     assert ops.fp8_linear(torch.randn(0, 70), q, s, None).shape == (0, 45)
 
 
-@pytest.mark.parametrize("isa", ["base", "avx2", "auto"])
+# "auto" in the quick tier; the forced lower builds (a child process each) only in the whole suite
+@pytest.mark.parametrize(
+    "isa", [pytest.param("base", marks=pytest.mark.slow), pytest.param("avx2", marks=pytest.mark.slow), "auto"]
+)
 def test_cpu_isa_paths(isa, tmp_path):
     # each build in a fresh process (the ISA is chosen once); outside the checkout, so the wheel is imported
     code = HELPERS + "\nprint(run_checks())\n"

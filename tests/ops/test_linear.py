@@ -73,6 +73,7 @@ def test_zero_out_features():
     assert out.shape == (3, 0)
 
 
+@pytest.mark.slow  # a child process per CPU build (the default build runs in every other test)
 @pytest.mark.parametrize("isa", ["base", "avx2"])
 def test_cpu_isa_paths(isa, tmp_path):
     # the baseline and AVX2-without-AVX512-BF16 kernels, in a fresh process (the ISA is chosen once);

@@ -1,9 +1,8 @@
-"""scripts/pipeline.py and its probe: what they prove can fail (the full run is `bash scripts/demo.sh`)."""
+"""scripts/release/pipeline.py and its probe: what they prove can fail (the full run is `bash scripts/demo.sh`)."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -11,19 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_keel_script_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-pipeline = load("pipeline")
-checks = sys.modules[pipeline.Row.__module__]  # scripts/pipeline_checks.py, as pipeline.py imported it
+pipeline = load_script("release/pipeline.py", "pipeline_checks")
+checks = sys.modules[pipeline.Row.__module__]  # scripts/release/pipeline_checks.py, as pipeline.py imported it
 
 
 def test_probe_hashes_what_the_process_mapped_not_what_lies_on_disk(tmp_path):
@@ -32,13 +25,19 @@ def test_probe_hashes_what_the_process_mapped_not_what_lies_on_disk(tmp_path):
         "import json, runpy, shutil, sys, torch; from pathlib import Path; import keel\n"
         "d = Path(keel.__file__).resolve().parent\n"
         "shutil.copy(d / '_C.abi3.so', sys.argv[1])  # the same bytes, never mapped\n"
-        f"probe = runpy.run_path({str(ROOT / 'scripts' / 'demo_generate.py')!r}, run_name='probe')\n"
+        f"probe = runpy.run_path({str(ROOT / 'scripts' / 'release' / 'demo_generate.py')!r}, run_name='probe')\n"
         "m = probe['mapped_keel_libraries']\n"
         "print(json.dumps({'dir': str(d), 'mapped': m(d), 'copy': m(Path(sys.argv[1]).parent),\n"
         "                  'cuda_torch': bool(torch.version.cuda)}))"
     )
+    release = str(ROOT / "scripts" / "release")  # the probe imports demo_ops from its folder
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (release, os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "_C.abi3.so")], capture_output=True, text=True, cwd=tmp_path
+        [sys.executable, "-c", script, str(tmp_path / "_C.abi3.so")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -188,7 +187,7 @@ def test_op_tests_are_counted_per_library(tmp_path):
 
 def test_demo_ops_bounds_catch_a_wrong_fp8_gemm(monkeypatch):
     """Every op of the installed wheel is within its bound; an FP8 GEMM 20% off is not."""
-    demo_ops = load("demo_ops")
+    demo_ops = load_script("release/demo_ops.py")
     from keel.vendored import deep_gemm as dg
 
     assert all(c.ok for c in demo_ops.checks()), demo_ops.table(demo_ops.checks())
@@ -205,7 +204,7 @@ def test_demo_ops_bounds_catch_a_wrong_fp8_gemm(monkeypatch):
 
 def test_pipeline_help_runs_without_torch():
     proc = subprocess.run(
-        [sys.executable, "-S", str(ROOT / "scripts" / "pipeline.py"), "--help"],
+        [sys.executable, "-S", str(ROOT / "scripts" / "release" / "pipeline.py"), "--help"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": ""},
@@ -232,18 +231,36 @@ def _third_party_imports(paths: list[Path]) -> set[str]:
     return {m for m in found - local - set(sys.stdlib_module_names) if m != "keel"}
 
 
+def _support_modules(paths: list[Path]) -> list[Path]:
+    """The tests/support modules these files import, and those they import in turn."""
+    import ast
+
+    found: list[Path] = []
+    todo = list(paths)
+    while todo:
+        for node in ast.walk(ast.parse(todo.pop().read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("support."):
+                path = ROOT / "tests" / (node.module.replace(".", "/") + ".py")
+                if path not in found:
+                    found.append(path)
+                    todo.append(path)
+    return found
+
+
 def test_target_environments_install_what_the_op_tests_import():
     """A target environment has torch, the wheel and TEST_TOOLS; the op tests must import nothing else
     (tests/test_wheel_libraries.py imports keel_audit: a target env without it fails collection)."""
-    files = [ROOT / "tests" / "conftest.py", *sorted((ROOT / "tests" / "support").rglob("*.py"))]
+    files = [ROOT / "tests" / "conftest.py"]
     for entry in pipeline.OP_TESTS:
         target = ROOT / entry
         files += sorted(target.rglob("*.py")) if target.is_dir() else [target]
-    provided = {"torch"} | {{"pytest": "pytest", str(ROOT / "audit"): "keel_audit"}[t] for t in pipeline.TEST_TOOLS}
+    files += _support_modules(files)
+    tools = {"pytest": "pytest", str(ROOT / "audit"): "keel_audit", str(ROOT / "scripts"): "keel_dev"}
+    provided = {"torch"} | {tools[t] for t in pipeline.TEST_TOOLS}
     assert _third_party_imports(files) <= provided
     ci = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
     install = re.search(r'pip install "torch==\$\{TORCH\}"(.*)', ci)
-    assert install and set(install.group(1).split()) >= {"pytest", "./audit"}
+    assert install and set(install.group(1).split()) >= {"pytest", "./audit", "./scripts"}
     assert " ".join(pipeline.OP_TESTS) in ci  # the matrix runs the same op tests
 
 

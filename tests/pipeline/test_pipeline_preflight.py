@@ -3,23 +3,16 @@ before B is installed, must equal what the probe process mapped."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
+from support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_keel_script_pf_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pipeline = load("pipeline")
+pipeline = load_script("release/pipeline.py", "pipeline_checks")
 checks = sys.modules[pipeline.Row.__module__]
 BUILT = ["_C.abi3.so", "_C_cuda.abi3.so", "vendored/deep_gemm/_C.abi3.so", "vendored/deep_gemm/_C_cuda.abi3.so"]
 

@@ -1,7 +1,7 @@
 """The wheel's manylinux tag is the manylinux floor that keel's audit computes (GLIBC_, GLIBCXX_,
 CXXABI_ and GCC_ versions against the manylinux policies), and auditwheel agrees.
 
-Reads the wheel that scripts/test.sh (or scripts/build_wheel.sh) built into dist/.
+Reads the wheel that scripts/test.sh (or scripts/release/build_wheel.sh) built into dist/.
 """
 
 from __future__ import annotations

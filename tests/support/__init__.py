@@ -1,1 +1,1 @@
-"""Helpers shared by keel's tests (importable as `support.*`; tests/conftest.py puts tests/ on sys.path)."""
+"""Helpers shared by keel's tests (importable as `support.*`: pytest's `pythonpath` in pyproject.toml puts tests/ on sys.path)."""

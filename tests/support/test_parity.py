@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from support.parity import assert_greedy_parity, compare_greedy, greedy_gaps, logit_diff, top2_margins
+from keel_dev.parity import assert_greedy_parity, compare_greedy, greedy_gaps, logit_diff, top2_margins
 
 
 def test_equal_tokens_without_a_tie_are_compared_in_full():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dg_reference import dequant_per_block, dequant_per_token
+from support.dg_reference import dequant_per_block, dequant_per_token
 
 from keel.vendored import deep_gemm as dg
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.engine import keel_prompt_logits
-from support.parity import top2_margins
+from keel_dev.engine import keel_prompt_logits
+from keel_dev.parity import top2_margins
 from support.smollm2 import needs_smollm2 as needs_model
 from torch import nn
 
@@ -63,6 +63,7 @@ def _perplexity(llm, ids: list[int]) -> float:
     return math.exp(float(nll))
 
 
+@pytest.mark.slow  # the real 135M model in bf16 and fp8, perplexity over a page of text
 @needs_model
 def test_fp8_engine_answers_paris_and_keeps_perplexity(smollm2_fp32):
     from keel import LLM, SamplingParams
@@ -105,6 +106,7 @@ def test_fp8_engine_answers_paris_and_keeps_perplexity(smollm2_fp32):
         assert abs(ppl[name] / ppl["bf16"] - 1) < tol, (name, ppl)
 
 
+@pytest.mark.slow  # the real 135M model
 @needs_model
 def test_cli_generate_quantization_fp8(smollm2_fp32, capsys):
     from keel.cli import main

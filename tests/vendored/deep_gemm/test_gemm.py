@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dg_reference import dequant_per_token, fp8_reference
+from support.dg_reference import dequant_per_token, fp8_reference
 
 from keel.vendored import deep_gemm as dg
 

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = r"""
 import hashlib, torch
 from keel.vendored import deep_gemm as dg
@@ -64,6 +66,7 @@ def _run(isa: str, cwd) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.slow  # a child process per CPU build
 def test_every_isa_build_is_correct_and_selected(tmp_path):
     # every build this CPU runs is checked against the fp64 reference (SCRIPT); the builds reduce in
     # different orders (1, 8, 16 lanes), so equal digests mean the same build ran, distinct ones another

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from dg_reference import fp8_reference
 from keel_audit import audit
+from support.dg_reference import fp8_reference
 
 from keel.vendored import deep_gemm as dg
 
@@ -79,6 +79,7 @@ def _build_unstable(out: Path) -> Path:
     not (CXX and (HERE / "unstable_binding.cpp").is_file() and FORK.is_dir()),
     reason="needs a C++ compiler and the source tree",
 )
+@pytest.mark.slow  # a native build of the fork, bound the upstream way
 def test_upstream_style_binding_is_unstable_adapter_is_stable(tmp_path):
     lib = _build_unstable(tmp_path)
     result = audit([str(lib)], target_torch="2.10")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flash_attn_ref import attention_ref, cu, paged, tolerance, varlen_ref
+from support.flash_attn_ref import attention_ref, cu, paged, tolerance, varlen_ref
 
 from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache, last_splitkv_stats
 

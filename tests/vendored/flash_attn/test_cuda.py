@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 import torch
-from flash_attn_ref import attention_ref, cu, paged, tolerance, varlen_ref
+from support.flash_attn_ref import attention_ref, cu, paged, tolerance, varlen_ref
 
 from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from flash_attn_ref import cu, paged
+from support.flash_attn_ref import cu, paged
 
 from keel.vendored.flash_attn import _ops
 
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2]  # on the child's PYTHONPATH, for `support`
 
 
 def test_opcheck_varlen_fwd_packed_and_paged():
@@ -53,8 +53,7 @@ def test_namespace_and_ops():
 
 ISA_CHECK = textwrap.dedent("""
     import sys, torch
-    sys.path.insert(0, {here!r})
-    from flash_attn_ref import attention_ref, cu, paged, tolerance, varlen_ref
+    from support.flash_attn_ref import attention_ref, cu, paged, tolerance, varlen_ref
     from keel.vendored.flash_attn import cpu_isa, flash_attn_varlen_func, flash_attn_with_kvcache, last_splitkv_stats
     print(cpu_isa())
     gen = torch.Generator().manual_seed(3)
@@ -107,13 +106,17 @@ def test_expected_isa_caps_the_best_build():
     assert expected_isa("base", AVX512) == "base"
 
 
-@pytest.mark.parametrize("isa", ["base", "avx2", None])
+# the default build in the quick tier; the other CPU builds (a child process each) only in the whole suite
+@pytest.mark.parametrize(
+    "isa", [pytest.param("base", marks=pytest.mark.slow), pytest.param("avx2", marks=pytest.mark.slow), None]
+)
 def test_every_cpu_build_matches_reference(isa, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KEEL_CPU_ISA"}
     if isa:
         env["KEEL_CPU_ISA"] = isa
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)  # `support`
     out = subprocess.run(
-        [sys.executable, "-c", ISA_CHECK.format(here=str(HERE))],
+        [sys.executable, "-c", ISA_CHECK.format()],
         capture_output=True,
         text=True,
         timeout=300,

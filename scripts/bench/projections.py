@@ -1,0 +1,89 @@
+"""One decode token's projections at batch 1 with cold weights: keel fp8 vs keel bf16 vs torch's bf16 F.linear.
+
+    python scripts/bench/projections.py                  # SmolLM2-135M's 30 layers + lm_head, threads 1 and 2
+    python scripts/bench/projections.py --threads 1 --rounds 20
+
+A decode step of a small model streams every weight once, so what bounds it is how fast a core pulls
+weights from memory, not the kernel's speed on a weight that sits in cache (what `bench_gemm.py`
+measures: it repeats one matrix). This script holds the whole model's projections as distinct tensors
+(the fused qkv, o_proj, fused gate/up and down of each of --layers layers, then the lm_head; 270 MB in
+bf16, 138 MB in FP8 with its scales for SmolLM2-135M), calls each once per "token" in model order, and
+reports ms per token and the GB/s of weight bytes it implies. Peers in the same process, alternated
+round by round, best of --rounds: `keel-fp8` (keel.ops.fp8_linear, e4m3 weights with 1x128 scales),
+`keel-bf16` (keel.ops.linear) and `torch-bf16` (torch.nn.functional.linear, oneDNN). A memory copy of
+the same bf16 bytes gives the machine's streaming rate for reference. The machine is shared: read the
+ratios of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+from keel_dev.timing import best_times
+
+import keel  # noqa: F401  (loads keel's ops)
+from keel import ops
+from keel.vendored import deep_gemm as dg
+
+# SmolLM2-135M: hidden 576, intermediate 1536, 9 heads x 64 + 2 x 3 kv heads x 64, vocab 49152
+SMOLLM2 = {"layer": [(960, 576), (576, 576), (3072, 576), (576, 1536)], "head": (49152, 576), "layers": 30}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--layers", type=int, default=SMOLLM2["layers"])
+    p.add_argument("--rounds", type=int, default=10, help="alternated rounds; the best is kept")
+    p.add_argument("--tokens", type=int, default=3, help="tokens timed per round")
+    args = p.parse_args()
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [s for _ in range(args.layers) for s in SMOLLM2["layer"]] + [SMOLLM2["head"]]
+    bf16 = [torch.randn(n, k, generator=g).mul_(0.05).bfloat16() for n, k in shapes]
+    fp8 = [dg.per_token_cast_to_fp8(w.float()) for w in bf16]
+    xs = {k: torch.randn(1, k, generator=g).bfloat16() for k in {k for _, k in shapes}}
+    bytes_bf16 = sum(w.numel() * 2 for w in bf16)
+    bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s in fp8)
+    src = torch.cat([w.view(-1) for w in bf16])
+    dst = torch.empty_like(src)
+
+    def keel_fp8() -> None:
+        for q, s in fp8:
+            ops.fp8_linear(xs[q.shape[1]], q, s, None)
+
+    def keel_bf16() -> None:
+        for w in bf16:
+            ops.linear(xs[w.shape[1]], w, None)
+
+    def torch_bf16() -> None:
+        for w in bf16:
+            torch.nn.functional.linear(xs[w.shape[1]], w)
+
+    def copy() -> None:
+        dst.copy_(src)
+
+    peers: dict[str, tuple[Callable[[], None], int]] = {
+        "keel-fp8": (keel_fp8, bytes_fp8),
+        "keel-bf16": (keel_bf16, bytes_bf16),
+        "torch-bf16": (torch_bf16, bytes_bf16),
+        "copy": (copy, 2 * bytes_bf16),  # read + write
+    }
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    print(f"CPU: {cpu}; {args.layers} layers + lm_head, weights {bytes_bf16 / 1e6:.0f} MB bf16 / "
+          f"{bytes_fp8 / 1e6:.0f} MB fp8, batch 1, best of {args.rounds} alternated rounds")  # fmt: skip
+    print("| threads | " + " | ".join(f"{n} ms (GB/s)" for n in peers) + " | fp8/bf16 | keel-bf16/torch-bf16 |")
+    print("|---|" + "---|" * (len(peers) + 2))
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        # prime=1: one untimed call after the previous peer ran, whose weights then left the caches
+        fns = {name: fn for name, (fn, _) in peers.items()}
+        best = best_times(fns, repeats=args.rounds, inner=args.tokens, warmup=0, prime=1)
+        cells = [f"{best[n] * 1e3:.2f} ({nbytes / best[n] / 1e9:.1f})" for n, (_, nbytes) in peers.items()]
+        ratios = [best["keel-bf16"] / best["keel-fp8"], best["torch-bf16"] / best["keel-bf16"]]
+        print(f"| {threads} | " + " | ".join(cells) + " | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+
+
+if __name__ == "__main__":
+    main()

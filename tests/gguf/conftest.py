@@ -1,8 +1,0 @@
-"""Make ``gguf_synth`` (the synthetic GGUF writer) importable under pytest's importlib import mode."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,44 @@
+"""keel_dev's timer, port and server helpers (the shared developer package, scripts/keel_dev)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from keel_dev import net, timing
+from keel_dev.server import start_server
+
+
+def test_best_times_alternates_the_peers_and_keeps_each_ones_best_mean(monkeypatch):
+    # each call advances a fake clock by its cost: the warm-up call (0), then three repeats of two calls
+    costs = {"a": iter([0, 1, 1, 3, 3, 2, 2]), "b": iter([0, 5, 5, 1, 2, 4, 4])}  # b disturbed in repeats 1, 3
+    now, order = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+
+    def peer(name: str):
+        def call() -> None:
+            order.append(name)
+            now[0] += next(costs[name])
+
+        return call
+
+    best = timing.best_times({"a": peer("a"), "b": peer("b")}, repeats=3, inner=2)
+    assert order == ["a", "b"] + ["a", "a", "b", "b"] * 3  # one warm-up call each, then alternating repeats
+    assert best == {"a": 1.0, "b": 1.5}  # the best repeat's mean per call (the median would be 2 and 4)
+
+
+def test_best_times_refuses_empty_repeats():
+    with pytest.raises(ValueError, match="repeats and inner must be >= 1"):
+        timing.best_times({"a": lambda: None}, repeats=0)
+
+
+def test_free_port_is_free():
+    port = net.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # raises if something holds it
+
+
+def test_a_server_that_exits_is_an_error_with_its_output(tmp_path):
+    with pytest.raises(RuntimeError, match=r"keel serve exited with [1-9]") as err:
+        start_server(["--model", str(tmp_path / "no-such-model")], timeout_s=120)
+    assert "no-such-model" in str(err.value)  # the server's own message is in the error

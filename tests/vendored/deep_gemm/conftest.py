@@ -1,8 +1,0 @@
-"""Makes this folder's helper module (dg_reference) importable by its tests."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
