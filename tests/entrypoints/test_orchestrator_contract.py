@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from serve_helpers import MODEL_NAME, Served, start_server
+from support.serve import MODEL_NAME, Served, start_server
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 

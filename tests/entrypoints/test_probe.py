@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from serve_helpers import needs_ops
+from support.native import needs_ops
 
 pytestmark = needs_ops
 
