@@ -14,10 +14,13 @@ import pytest
 
 fleet = pytest.importorskip("keel_dev.fleet")
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists(),
-    reason="haproxy is not installed (Debian: apt-get install haproxy; .ci/run installs it)",
-)
+pytestmark = [
+    pytest.mark.slow,  # three `keel serve` starts and two drains
+    pytest.mark.skipif(
+        shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists(),
+        reason="haproxy is not installed (Debian: apt-get install haproxy; .ci/run installs it)",
+    ),
+]
 ARGS = ["--dtype", "float32", "--device", "cpu", "--block-size", "4", "--kv-cache-gib", "0.05"]
 ARGS += ["--served-model-name", "m", "--log-level", "warning", "--shutdown-timeout", "30"]
 
