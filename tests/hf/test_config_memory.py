@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bounded_child import LOAD_ENGINE, RSS_LIMIT, run_child, sparse_checkpoint
+from support.bounded_child import LOAD_ENGINE, RSS_LIMIT, run_child, sparse_checkpoint
 
 from keel.hf.config import ConfigError, ModelConfig
 from keel.hf.memory import ENV, check_model_memory, estimate_parts, mem_available, memory_limit, parse_size

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from bounded_child import RSS_LIMIT, copy_checkpoint, run_child
+from support.bounded_child import RSS_LIMIT, copy_checkpoint, run_child
 
 from keel.hf.tokenizer import Tokenizer, TokenizerError
 from keel.hf.weights import INDEX, WeightsError, weight_files

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flash_attn_ref import cu, tolerance
+from support.flash_attn_ref import cu, tolerance
 
 from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
