@@ -185,8 +185,8 @@ class Result:
 
 
 class Traffic:
-    """`clients` threads sending streaming completions through `url` back to back until `stop()`; each
-    request is one `Result` (ok: HTTP 200, a `[DONE]`, no error event, every choice finished)."""
+    """`clients` threads sending streaming completions through `url` with the official openai client, back to
+    back until `stop()`; each request is one `Result` (ok: the stream ended normally with a finished choice)."""
 
     def __init__(self, url: str, model: str, clients: int = 4, max_tokens: int = 16, api_key: str = "") -> None:
         self.url, self.model, self.clients, self.max_tokens, self.api_key = url, model, clients, max_tokens, api_key
@@ -210,43 +210,30 @@ class Traffic:
             n += 1
 
     def one(self, prompt: str, *, temperature: float = 0.7, stream: bool = True) -> Result:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens, "stream": stream}
-        body["temperature"] = temperature
-        headers = {"content-type": "application/json"}
-        if self.api_key:
-            headers["authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(), headers=headers)
+        """One completion through the official openai client (no retries: a failure counts as one)."""
+        import openai
+
+        client = openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, timeout=300)
+        kw: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens}
         t0 = time.monotonic()
         res = Result(start=t0, end=t0, ok=False)
         try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                res.status = r.status
-                if not stream:
-                    data = json.loads(r.read())
-                    res.text = data["choices"][0]["text"]
-                    res.ok = data["choices"][0]["finish_reason"] in ("stop", "length")
-                else:
-                    done, finished = False, False
-                    for raw in r:
-                        line = raw.decode().strip()
-                        if not line.startswith("data: "):
-                            continue
-                        if line == "data: [DONE]":
-                            done = True
-                            break
-                        chunk = json.loads(line[6:])
-                        if "error" in chunk:
-                            res.error = json.dumps(chunk["error"])[:200]
-                            break
-                        if res.ttft is None:
-                            res.ttft = time.monotonic() - t0
-                        choice = chunk["choices"][0]
-                        res.text += choice.get("text") or ""
-                        finished = finished or choice.get("finish_reason") in ("stop", "length")
-                    res.ok = done and finished and not res.error
-        except urllib.error.HTTPError as e:
-            res.status, res.error = e.code, e.read().decode(errors="replace")[:200]
-        except OSError as e:
+            if not stream:
+                r = client.completions.create(**kw, temperature=temperature)
+                res.status, res.text = 200, r.choices[0].text
+                res.ok = r.choices[0].finish_reason in ("stop", "length")
+            else:
+                finished = False
+                for chunk in client.completions.create(**kw, temperature=temperature, stream=True):
+                    if res.ttft is None:
+                        res.ttft = time.monotonic() - t0
+                    for choice in chunk.choices:
+                        res.text += choice.text or ""
+                        finished = finished or choice.finish_reason in ("stop", "length")
+                res.status, res.ok = 200, finished  # the client raises on an error event or a cut stream
+        except openai.APIStatusError as e:
+            res.status, res.error = e.status_code, str(e)[:200]
+        except (openai.APIError, OSError) as e:
             res.error = repr(e)[:200]
         res.end = time.monotonic()
         return res
