@@ -53,6 +53,7 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
 
 
 @pytest.mark.skipif(not WHEELS, reason="no dist/keel-*.whl: scripts/test.sh builds it before the suite")
+@pytest.mark.slow  # builds a prefix and runs every step that needs no GPU
 def test_dry_run_passes_and_checks_every_cuda_path(tmp_path):
     devpkgs = tmp_path / "devpkgs" / "wheels"
     devpkgs.mkdir(parents=True)
