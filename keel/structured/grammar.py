@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
+from keel.errors import RequestValidationError
+
 
 def _invalid(field: str, message: str) -> ValueError:
-    """keel.engine.errors.RequestValidationError (imported here: keel.engine imports this module)."""
-    from keel.engine.errors import RequestValidationError
-
+    """A RequestValidationError naming the request field."""
     return RequestValidationError(field, message)
 
 

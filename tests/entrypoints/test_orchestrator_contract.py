@@ -115,7 +115,7 @@ def test_models_is_readiness_only_after_the_engine_stepped(tiny_model: Any) -> N
 
 
 def test_not_ready_until_a_step_ran(tiny_model: Any) -> None:
-    from keel.entrypoints.openai.api_server import is_ready
+    from keel.entrypoints.openai.readiness import is_ready
 
     served = start_server(tiny_model, require_warm_up=True)
     try:

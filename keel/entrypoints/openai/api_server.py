@@ -30,7 +30,6 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keel.engine.async_engine import AsyncEngine, Drained
-from keel.engine.sampling_params import SamplingParams
 from keel.entrypoints.openai.chat_completion.api_router import router as chat_router
 from keel.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from keel.entrypoints.openai.chat_utils import TemplateRenderer
@@ -39,6 +38,7 @@ from keel.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from keel.entrypoints.openai.errors import APIError, install_handlers, log
 from keel.entrypoints.openai.models.api_router import router as models_router
 from keel.entrypoints.openai.openapi import install_openapi
+from keel.entrypoints.openai.readiness import start_warm_up
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
 from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, metrics_registry, render_prometheus
 from keel.entrypoints.openai.tokenize.api_router import router as tokenize_router
@@ -369,41 +369,6 @@ async def drain(serving: OpenAIServing, timeout_s: float, poll_s: float = 0.05) 
     while engine.num_open and loop.time() < flush:
         await asyncio.sleep(poll_s)
     return ended
-
-
-def is_ready(app: FastAPI) -> bool:
-    """Readiness: the model is loaded (it is, once the app exists) and the engine has run a step. The
-    first call on an app that is not ready starts the warm-up request (`warm_up`) if nothing did."""
-    if app.state.ready:
-        return True
-    if app.state.engine.steps > 0:
-        app.state.ready = True
-        return True
-    start_warm_up(app)
-    return False
-
-
-def start_warm_up(app: FastAPI) -> None:
-    """Start the warm-up request once, on the running event loop."""
-    if app.state.warm_up is None and not app.state.ready:
-        app.state.warm_up = asyncio.ensure_future(warm_up(app))
-
-
-async def warm_up(app: FastAPI) -> None:
-    """One greedy one-token request through the engine (so the first client does not pay the first step's
-    one-time costs, and readiness means a request has gone through the model)."""
-    engine: AsyncEngine = app.state.engine
-    try:
-        stream = await engine.open(["keel-warm-up"], [[0]], [SamplingParams(max_tokens=1)])
-        try:
-            async for _ in stream:
-                pass
-        finally:
-            stream.close()
-    except Exception as exc:  # the engine is broken: /health says so; stay unready and say why in the log
-        log.error("keel serve: the warm-up request failed: %r", exc)
-        return
-    app.state.ready = True
 
 
 def _uvicorn_server() -> type:

@@ -6,13 +6,12 @@ from fastapi import APIRouter, Request
 
 from keel.entrypoints.openai.errors import APIError
 from keel.entrypoints.openai.protocol import ModelCard, ModelList
+from keel.entrypoints.openai.readiness import is_ready
 
 router = APIRouter()
 
 
 def _card(raw: Request) -> ModelCard:
-    from keel.entrypoints.openai.api_server import is_ready
-
     if not is_ready(raw.app):  # readiness: orchestrators probe /v1/models, liveness is /health
         raise APIError(
             503, "the model is loaded but the engine has not run a step yet (warming up); retry", code="not_ready"
