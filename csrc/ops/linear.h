@@ -29,10 +29,10 @@ struct LinearParams {
 // Output features [begin, end) for all m rows; each weight row is streamed from memory once.
 KEEL_DECLARE_CPU_KERNEL(linear_cols, LinearParams)
 
-// ---- AMX prompt GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -----------------------------
-// bf16 calls of at least kLinearAmxMinRows rows (the whole call: every row of it takes this path; measured
-// crossover against the AVX512-BF16 GEMV on a Sapphire Rapids-class Xeon: 3 to 5 rows).
-constexpr int64_t kLinearAmxMinRows = 5;
+// ---- AMX GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -------------------------------------
+// Every bf16 call, whatever its row count (issue 27: one summation order per process; the measured crossover
+// against the AVX512-BF16 GEMV on a Sapphire Rapids-class Xeon was 3 to 5 rows, so decode may be slower here
+// than on the GEMV: not measured yet, see docs/_incoming/determinism.md).
 constexpr int64_t kAmxBlockM = 32;  // x rows per register block (two 16-row B tiles)
 constexpr int64_t kAmxBlockN = 32;  // weight rows per register block (two 16-row A tiles)
 constexpr int64_t kAmxStepK = 32;   // bf16 elements of K per tdpbf16ps
