@@ -11,9 +11,9 @@
 
 namespace keel {
 
-// bf16 calls of at least this many rows of x take the AMX kernel (the whole call; measured crossover against
-// the AVX512-BF16 GEMV on a Sapphire Rapids-class Xeon: about 4 to 6 rows).
-constexpr int64_t kFp8AmxMinRows = 5;
+// Every bf16 call takes the AMX kernel, whatever its row count (issue 27: one summation order per process; the
+// measured crossover against the AVX512-BF16 GEMV on a Sapphire Rapids-class Xeon was about 4 to 6 rows, so
+// decode may be slower here than on the GEMV: not measured yet, see docs/_incoming/determinism.md).
 constexpr int64_t kFp8AmxBlockN = 32;  // weight rows decoded together (two 16-row A tiles)
 constexpr int64_t kFp8AmxBlockM = 32;  // x rows per register block (two 16-row B tiles)
 

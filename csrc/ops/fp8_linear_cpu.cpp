@@ -12,7 +12,8 @@
 // (FMA, j in order), then total += acc * (scale * 2^8); at the end the W lanes of total are summed in a
 // fixed tree, the bias added, and the sum rounded once to the output dtype. W is the vector width of the
 // build (16 with AVX-512, 8 otherwise), so results depend on the ISA but never on how rows are split
-// among threads or passes.
+// among threads or passes, nor on the call's row count or its other rows (issue 27; the AVX512-BF16 path's
+// choice between its bf16 copy of a row and the exact fp32 path is made per row).
 //   AVX-512 (AVX512F/BW/VL, checked at run time, in the AVX2 build): 32 weights per 256-bit load.
 //   AVX2 build: the same decode on 16 weights (F16C); baseline build: a 256-entry table.
 #include <cstring>
@@ -31,7 +32,7 @@
 namespace keel::KEEL_CPU_NS {
 namespace {
 
-constexpr float kFp8Shift = 256.0f;       // the fp16 decode yields value * 2^-8
+constexpr float kFp8Shift = kFp8Unit;     // the fp16 decode yields value * 2^-8
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of the current block to prefetch the weight row
 // decode also asks for the lines 8 KB ahead into the outer caches (prefetcht2): on a 2-core Xeon (SPR class)
 // the 30-layer SmolLM2 projections ran in 0.7-0.9x the time with it (scripts/bench_projections.py)
@@ -284,22 +285,26 @@ KEEL_AVX512BF16 KEEL_KINLINE __m512 block_dot_bf16(const uint16_t* xp, const __m
   return acc;
 }
 
-// One block of weight row r for rows [0, m) of x: adds to total[i] in units of 2^(e_i - 120)
+// One block of weight row r for rows [0, m) of x: adds to total[i] in units of 2^(e_i - 120) (a row without
+// the bf16 copy, x16_ok[i] == 0: in units of 1, always through the exact decode)
 template <bool kFull>
 KEEL_AVX512BF16 KEEL_KINLINE void block_bf16(const Fp8LinearParams& p, const uint8_t* src, int64_t b, float s,
                                              __m512* total, __mmask64& nan) {
   const int64_t left = p.k - b * kFp8BlockK;
   __m512bh w[4];
-  if (decode_block_bf16<kFull>(src, left, w)) {
-    const __m512 sv = _mm512_set1_ps(s);
-    for (int64_t i = 0; i < p.m; ++i) {
-      total[i] = _mm512_fmadd_ps(block_dot_bf16(p.x16 + i * p.kp + b * kFp8BlockK, w), sv, total[i]);
-    }
-    return;
-  }
-  __m512 wf[8];  // exact: fp16 decode, fp32 FMA against x
-  decode_block(src, left, wf, nan);
+  const bool fast = decode_block_bf16<kFull>(src, left, w);
+  const __m512 sv = _mm512_set1_ps(s);
+  __m512 wf[8];  // exact: fp16 decode, fp32 FMA against x (decoded once, for the first row that needs it)
+  bool have_wf = false;
   for (int64_t i = 0; i < p.m; ++i) {
+    if (fast && p.x16_ok[i]) {
+      total[i] = _mm512_fmadd_ps(block_dot_bf16(p.x16 + i * p.kp + b * kFp8BlockK, w), sv, total[i]);
+      continue;
+    }
+    if (!have_wf) {
+      decode_block(src, left, wf, nan);
+      have_wf = true;
+    }
     const __m512 acc = block_dot(p.x + i * p.kp + b * kFp8BlockK, wf);
     total[i] = _mm512_fmadd_ps(acc, _mm512_set1_ps(s * p.x_scale[i]), total[i]);
   }
