@@ -286,32 +286,33 @@ KEEL_AVX512BF16 KEEL_KINLINE __m512 block_dot_bf16(const uint16_t* xp, const __m
 }
 
 // One block of weight row r for rows [0, m) of x: adds to total[i] in units of 2^(e_i - 120) (a row without
-// the bf16 copy, x16_ok[i] == 0: in units of 1, always through the exact decode)
-template <bool kFull>
+// the bf16 copy, x16_ok[i] == 0: in units of 1, always through the exact decode). kMixed: some rows of the
+// pass lack the bf16 copy (rare: the per-row test sits outside the common path's loop).
+template <bool kFull, bool kMixed>
 KEEL_AVX512BF16 KEEL_KINLINE void block_bf16(const Fp8LinearParams& p, const uint8_t* src, int64_t b, float s,
                                              __m512* total, __mmask64& nan) {
   const int64_t left = p.k - b * kFp8BlockK;
   __m512bh w[4];
   const bool fast = decode_block_bf16<kFull>(src, left, w);
-  const __m512 sv = _mm512_set1_ps(s);
-  __m512 wf[8];  // exact: fp16 decode, fp32 FMA against x (decoded once, for the first row that needs it)
-  bool have_wf = false;
-  for (int64_t i = 0; i < p.m; ++i) {
-    if (fast && p.x16_ok[i]) {
+  if (fast) {
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int64_t i = 0; i < p.m; ++i) {
+      if (kMixed && !p.x16_ok[i]) continue;
       total[i] = _mm512_fmadd_ps(block_dot_bf16(p.x16 + i * p.kp + b * kFp8BlockK, w), sv, total[i]);
-      continue;
     }
-    if (!have_wf) {
-      decode_block(src, left, wf, nan);
-      have_wf = true;
-    }
+    if (!kMixed) return;
+  }
+  __m512 wf[8];  // exact: fp16 decode, fp32 FMA against x
+  decode_block(src, left, wf, nan);
+  for (int64_t i = 0; i < p.m; ++i) {
+    if (kMixed && fast && p.x16_ok[i]) continue;
     const __m512 acc = block_dot(p.x + i * p.kp + b * kFp8BlockK, wf);
     total[i] = _mm512_fmadd_ps(acc, _mm512_set1_ps(s * p.x_scale[i]), total[i]);
   }
 }
 
-template <int64_t M>  // M > 0: exactly M rows of x (totals in registers); 0: p.m rows
-KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+template <int64_t M, bool kMixed>  // M > 0: exactly M rows of x (totals in registers); 0: p.m rows
+KEEL_AVX512BF16 void cols_bf16_rows(const Fp8LinearParams& p, int64_t begin, int64_t end) {
   const int64_t nb = p.kp / kFp8BlockK;
   const int64_t full = p.k / kFp8BlockK;
   Fp8LinearParams q = p;
@@ -322,10 +323,21 @@ KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int
     const float* srow = q.scale + (r / q.scale_rows) * q.scale_s0;
     __mmask64 nan = 0;
     for (int64_t i = 0; i < q.m; ++i) total[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < full; ++b) block_bf16<true>(q, wrow + b * kFp8BlockK, b, srow[b * q.scale_s1], total, nan);
-    if (full < nb) block_bf16<false>(q, wrow + full * kFp8BlockK, full, srow[full * q.scale_s1], total, nan);
+    for (int64_t b = 0; b < full; ++b) {
+      block_bf16<true, kMixed>(q, wrow + b * kFp8BlockK, b, srow[b * q.scale_s1], total, nan);
+    }
+    if (full < nb) block_bf16<false, kMixed>(q, wrow + full * kFp8BlockK, full, srow[full * q.scale_s1], total, nan);
     for (int64_t i = 0; i < q.m; ++i) store_any(q, i, r, hsum16(total[i]) * q.x16_unscale[i], nan != 0);
   }
+}
+
+template <int64_t M>
+KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  const int64_t m = M > 0 ? M : p.m;
+  for (int64_t i = 0; i < m; ++i) {
+    if (!p.x16_ok[i]) return cols_bf16_rows<M, true>(p, begin, end);
+  }
+  cols_bf16_rows<M, false>(p, begin, end);
 }
 
 // Decode (one row of x): kRows weight rows per pass. Each x piece is loaded once for all of them, the kRows
