@@ -3,7 +3,9 @@
 //   x [..., K] (float32, bfloat16 or float16), qweight [N, K] float8_e4m3fn, scale fp32 [N, ceil(K/128)]
 //   (one per row and 128-wide K block) or [ceil(N/128), ceil(K/128)] (128x128 blocks) -> [..., N] in x's dtype.
 // Weight-only FP8 on the CPU: x is widened to fp32 once per call, the weight decoded in registers
-// (fp8_linear_cpu.cpp). The CUDA library refuses: CUDA runs FP8 through keel.vendored.deep_gemm.
+// (fp8_linear_cpu.cpp); bf16 x on a CPU with AMX: the tile kernel (fp8_linear_amx_cpu.cpp) for every call. Each
+// output of a process is summed in one order whatever the call's row count or other rows (issue 27). The CUDA library
+// refuses: CUDA runs FP8 through keel.vendored.deep_gemm.
 #include "ops/fp8_linear.h"
 #include "ops/fp8_linear_amx.h"
 
@@ -117,8 +119,11 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
   out_sizes.back() = n;
   Tensor out = empty_contiguous(out_sizes, dtype_code(x), x);
   if (m == 0 || n == 0) return out;
-  if (dt == DType::kBFloat16 && m >= kFp8AmxMinRows && k > 0 && cpu_has_amx()) {
-    fp8_linear_amx_call(op, x, qweight, scale, bias, out, m, n, k);  // prefill on AMX
+  if (dt == DType::kBFloat16 && k > 0 && cpu_has_amx()) {
+    // every bf16 call on AMX, decode rows too (issue 27): the AMX kernel and the GEMV sum in different orders, so
+    // a row count threshold between them would make a token's bits depend on its call. UNVERIFIED on AMX
+    // hardware in the session that routed decode here (docs/_incoming/determinism.md).
+    fp8_linear_amx_call(op, x, qweight, scale, bias, out, m, n, k);
     return out;
   }
 
@@ -135,17 +140,21 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
     });
   }
   p.x = xbuf.data();
-  // bf16 x on AVX512-BF16: its bf16 copy for vdpbf16ps, each row scaled by a power of two (exact)
+  // bf16 x on AVX512-BF16: its bf16 copy for vdpbf16ps, each row scaled by a power of two (exact). Decided per
+  // row (x16_ok), never per call: a row's path, hence its bits, must not depend on the other rows of the call
   thread_local std::vector<uint16_t> x16buf;
   thread_local std::vector<float> x16_unscale, x_scale;
+  thread_local std::vector<uint8_t> x16_ok;
   if (dt == DType::kBFloat16 && cpu_has_avx512bf16() && k > 0) {
     x16buf.assign(static_cast<size_t>(m * p.kp), 0);
     x16_unscale.resize(static_cast<size_t>(m));
     x_scale.resize(static_cast<size_t>(m));
-    bool ok = true;
-    for (int64_t r = 0; r < m && ok; ++r) {
+    x16_ok.resize(static_cast<size_t>(m));
+    bool any = false;
+    for (int64_t r = 0; r < m; ++r) {
       const float* xr = xbuf.data() + r * p.kp;
       float mx = 0.0f;
+      bool ok = true;
       for (int64_t i = 0; i < k; ++i) {
         const float a = std::fabs(xr[i]);
         mx = a > mx ? a : mx;
@@ -154,7 +163,16 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
       int ex = 0;
       std::frexp(mx, &ex);                     // mx = f * 2^ex, f in [0.5, 1)
       const int e = mx == 0.0f ? 0 : 65 - ex;  // max |x| * 2^e in [2^64, 2^65)
-      if (e < -14 || e > 127) ok = false;      // keeps every factor below a normal fp32 number
+      // keeps both factors finite, normal fp32 numbers: x_scale = 2^(e - 112) >= 2^-126 and
+      // x16_unscale = 2^(120 - e) <= 2^127 (rows of |x| >= 2^72 take the exact path)
+      if (e < -7 || e > 127) ok = false;
+      x16_ok[r] = ok ? 1 : 0;
+      if (!ok) {  // the exact path: its sums in units of 1 (the fp16 decode's 2^-8 folded into x_scale)
+        x16_unscale[r] = 1.0f;
+        x_scale[r] = kFp8Unit;
+        continue;
+      }
+      any = true;
       const float f = std::ldexp(1.0f, e);
       uint16_t* dst = x16buf.data() + r * p.kp;
       for (int64_t i = 0; i < k; ++i) {
@@ -166,10 +184,11 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
       x16_unscale[r] = std::ldexp(1.0f, 120 - e);
       x_scale[r] = std::ldexp(1.0f, e - 112);
     }
-    if (ok) {
+    if (any) {  // else every row takes the exact path, whose bits these rows would get here too
       p.x16 = x16buf.data();
       p.x16_unscale = x16_unscale.data();
       p.x_scale = x_scale.data();
+      p.x16_ok = x16_ok.data();
     }
   }
   set_weight(p, qweight, scale, bias, n);
@@ -184,6 +203,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
       q.x16 += m0 * p.kp;
       q.x16_unscale += m0;
       q.x_scale += m0;
+      q.x16_ok += m0;
     }
     q.out = static_cast<char*>(p.out) + m0 * n * out_elem;
     // each chunk decodes >= 32 KB of weight (small layers run inline, skipping the pool hand-off)

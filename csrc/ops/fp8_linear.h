@@ -12,6 +12,7 @@ namespace keel {
 
 constexpr int64_t kFp8BlockK = 128;   // K block of one weight scale
 constexpr int64_t kFp8RowBlock = 32;  // rows of x per pass over the weight
+constexpr float kFp8Unit = 256.0f;    // the kernels' fp16 decode of e4m3 yields the value times 2^-8
 
 struct Fp8LinearParams {
   DType dtype;     // of out and bias
@@ -22,9 +23,13 @@ struct Fp8LinearParams {
   // (exact), [m, kp] zero past k, with e_i chosen per row so that max |x16[i]| is in [2^64, 2^65); the
   // kernel's sums are then in units of 2^(e_i - 120): x16_unscale[i] = 2^(120 - e_i) brings them back and
   // x_scale[i] = 2^(e_i - 112) takes an exact fp32 block's sum (value * 2^-8) there. nullptr otherwise.
+  // Per row: x16_ok[i] = 0 marks a row that takes the exact fp32 path throughout (a non-finite x, or one too
+  // large or too small to scale), with x16_unscale[i] = 1 and x_scale[i] = kFp8Unit (its sums in units of 1);
+  // its x16 row is zeros and unread.
   const uint16_t* x16;
   const float* x16_unscale;
   const float* x_scale;
+  const uint8_t* x16_ok;
   const uint8_t* w;  // e4m3 bytes [n, k]: row r at w + r * w_row
   int64_t w_row;
   const float* scale;  // block (r, b) scales by scale[(r / scale_rows) * scale_s0 + b * scale_s1]

@@ -12,7 +12,8 @@
 // (FMA, j in order), then total += acc * (scale * 2^8); at the end the W lanes of total are summed in a
 // fixed tree, the bias added, and the sum rounded once to the output dtype. W is the vector width of the
 // build (16 with AVX-512, 8 otherwise), so results depend on the ISA but never on how rows are split
-// among threads or passes.
+// among threads or passes, nor on the call's row count or its other rows (issue 27; the AVX512-BF16 path's
+// choice between its bf16 copy of a row and the exact fp32 path is made per row).
 //   AVX-512 (AVX512F/BW/VL, checked at run time, in the AVX2 build): 32 weights per 256-bit load.
 //   AVX2 build: the same decode on 16 weights (F16C); baseline build: a 256-entry table.
 #include <cstring>
@@ -31,7 +32,7 @@
 namespace keel::KEEL_CPU_NS {
 namespace {
 
-constexpr float kFp8Shift = 256.0f;       // the fp16 decode yields value * 2^-8
+constexpr float kFp8Shift = kFp8Unit;     // the fp16 decode yields value * 2^-8
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of the current block to prefetch the weight row
 // decode also asks for the lines 8 KB ahead into the outer caches (prefetcht2): a token's projections with cold
 // weights are faster with it (scripts/bench/projections.py; figures in docs/measurements/2026-12-02-llamacpp.md)
@@ -284,29 +285,34 @@ KEEL_AVX512BF16 KEEL_KINLINE __m512 block_dot_bf16(const uint16_t* xp, const __m
   return acc;
 }
 
-// One block of weight row r for rows [0, m) of x: adds to total[i] in units of 2^(e_i - 120)
-template <bool kFull>
+// One block of weight row r for rows [0, m) of x: adds to total[i] in units of 2^(e_i - 120) (a row without
+// the bf16 copy, x16_ok[i] == 0: in units of 1, always through the exact decode). kMixed: some rows of the
+// pass lack the bf16 copy (rare: the per-row test sits outside the common path's loop).
+template <bool kFull, bool kMixed>
 KEEL_AVX512BF16 KEEL_KINLINE void block_bf16(const Fp8LinearParams& p, const uint8_t* src, int64_t b, float s,
                                              __m512* total, __mmask64& nan) {
   const int64_t left = p.k - b * kFp8BlockK;
   __m512bh w[4];
-  if (decode_block_bf16<kFull>(src, left, w)) {
+  const bool fast = decode_block_bf16<kFull>(src, left, w);
+  if (fast) {
     const __m512 sv = _mm512_set1_ps(s);
     for (int64_t i = 0; i < p.m; ++i) {
+      if (kMixed && !p.x16_ok[i]) continue;
       total[i] = _mm512_fmadd_ps(block_dot_bf16(p.x16 + i * p.kp + b * kFp8BlockK, w), sv, total[i]);
     }
-    return;
+    if (!kMixed) return;
   }
   __m512 wf[8];  // exact: fp16 decode, fp32 FMA against x
   decode_block(src, left, wf, nan);
   for (int64_t i = 0; i < p.m; ++i) {
+    if (kMixed && fast && p.x16_ok[i]) continue;
     const __m512 acc = block_dot(p.x + i * p.kp + b * kFp8BlockK, wf);
     total[i] = _mm512_fmadd_ps(acc, _mm512_set1_ps(s * p.x_scale[i]), total[i]);
   }
 }
 
-template <int64_t M>  // M > 0: exactly M rows of x (totals in registers); 0: p.m rows
-KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+template <int64_t M, bool kMixed>  // M > 0: exactly M rows of x (totals in registers); 0: p.m rows
+KEEL_AVX512BF16 void cols_bf16_rows(const Fp8LinearParams& p, int64_t begin, int64_t end) {
   const int64_t nb = p.kp / kFp8BlockK;
   const int64_t full = p.k / kFp8BlockK;
   Fp8LinearParams q = p;
@@ -317,10 +323,21 @@ KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int
     const float* srow = q.scale + (r / q.scale_rows) * q.scale_s0;
     __mmask64 nan = 0;
     for (int64_t i = 0; i < q.m; ++i) total[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < full; ++b) block_bf16<true>(q, wrow + b * kFp8BlockK, b, srow[b * q.scale_s1], total, nan);
-    if (full < nb) block_bf16<false>(q, wrow + full * kFp8BlockK, full, srow[full * q.scale_s1], total, nan);
+    for (int64_t b = 0; b < full; ++b) {
+      block_bf16<true, kMixed>(q, wrow + b * kFp8BlockK, b, srow[b * q.scale_s1], total, nan);
+    }
+    if (full < nb) block_bf16<false, kMixed>(q, wrow + full * kFp8BlockK, full, srow[full * q.scale_s1], total, nan);
     for (int64_t i = 0; i < q.m; ++i) store_any(q, i, r, hsum16(total[i]) * q.x16_unscale[i], nan != 0);
   }
+}
+
+template <int64_t M>
+KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  const int64_t m = M > 0 ? M : p.m;
+  for (int64_t i = 0; i < m; ++i) {
+    if (!p.x16_ok[i]) return cols_bf16_rows<M, true>(p, begin, end);
+  }
+  cols_bf16_rows<M, false>(p, begin, end);
 }
 
 // Decode (one row of x): kRows weight rows per pass. Each x piece is loaded once for all of them, the kRows

@@ -1,10 +1,12 @@
 // keel/csrc/ops/linear.cpp
 // keel::linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor   (x: [..., K], weight: [N, K] -> [..., N])
 // CPU, any number of rows: keel's kernel in linear_cpu.cpp (a GEMV for decode; prefill runs it over
-// blocks of kLinearRowBlock rows, each streaming the weight once), and for bf16 calls of at least
-// kLinearAmxMinRows rows on a CPU with AMX the tile GEMM of linear_amx_cpu.cpp, so CPU results depend on keel's
-// code alone, never on the oneDNN version of the torch it runs on. The CUDA library calls
-// aten::linear through the dispatcher (cuBLAS), so there is no linear .cu file.
+// blocks of kLinearRowBlock rows, each streaming the weight once), and for bf16 on a CPU with AMX the tile GEMM
+// of linear_amx_cpu.cpp for every call, decode included, so CPU results depend on keel's code alone, never on the
+// oneDNN version of the torch it runs on. Either kernel sums every output in one order whatever the call's row
+// count (issue 27: a token's logits are the same bits in a prompt call, with a cached prefix, batched or alone,
+// in a decode call), which is why the kernel is chosen per process and dtype, never per row count. The CUDA library
+// calls aten::linear through the dispatcher (cuBLAS), so there is no linear .cu file.
 #include "ops/linear.h"
 
 #include <optional>
@@ -87,9 +89,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, std::optional<Tensor> bias)
     p.m = m;
     p.n = n;
     p.k = k;
-    if (p.x16 != nullptr && m >= kLinearAmxMinRows && cpu_has_amx()) {
-      // prompt rows on AMX (linear_amx_cpu.cpp): x packed once into the B-tile layout, then 32-wide blocks of
-      // output features on the pool, each over all rows
+    if (p.x16 != nullptr && cpu_has_amx()) {
+      // every bf16 call on AMX (linear_amx_cpu.cpp), decode rows too: the AMX and AVX512-BF16 kernels sum in
+      // different orders, so a row count threshold between them would make a token's bits depend on its call.
+      // x packed once into the B-tile layout, then 32-wide blocks of output features on the pool, each over all
+      // rows. UNVERIFIED on AMX hardware in the session that routed decode here (docs/_incoming/determinism.md).
       LinearAmxParams a{};
       a.p = &p;
       a.kp = (k + kAmxStepK - 1) / kAmxStepK * kAmxStepK;

@@ -29,10 +29,10 @@ struct LinearParams {
 // Output features [begin, end) for all m rows; each weight row is streamed from memory once.
 KEEL_DECLARE_CPU_KERNEL(linear_cols, LinearParams)
 
-// ---- AMX prompt GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -----------------------------
-// bf16 calls of at least kLinearAmxMinRows rows (the whole call: every row of it takes this path; set at the
-// measured crossover against the AVX512-BF16 GEMV: docs/measurements/2026-12-02-amx-prompt-kernels.md).
-constexpr int64_t kLinearAmxMinRows = 5;
+// ---- AMX GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -------------------------------------
+// Every bf16 call, whatever its row count (issue 27: one summation order per process). Decode on AMX may be
+// slower than the AVX512-BF16 GEMV was (the old crossover: docs/measurements/2026-12-02-amx-prompt-kernels.md);
+// not measured on an AMX CPU yet (docs/ops.md, determinism).
 constexpr int64_t kAmxBlockM = 32;  // x rows per register block (two 16-row B tiles)
 constexpr int64_t kAmxBlockN = 32;  // weight rows per register block (two 16-row A tiles)
 constexpr int64_t kAmxStepK = 32;   // bf16 elements of K per tdpbf16ps

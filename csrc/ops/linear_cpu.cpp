@@ -7,8 +7,18 @@
 //   AVX2 build: GCC vector extensions (ymm FMA; bf16 -> fp32 is a 16-bit shift); the baseline build
 //     gets the same code as SSE pairs.
 //   bf16 on a CPU with AVX512-BF16 (checked at run time): vdpbf16ps, 32 multiply-adds per instruction
-//     with no conversion (products exact, fp32 sums); prompts (4+ rows) on 4 x 4 tiles (4 x rows,
-//     4 weight rows), decode (1-3 rows) one weight row at a time.
+//     with no conversion (products exact, fp32 sums), on tiles of up to 4 x rows times 4 weight rows.
+//
+// Summation order (issue 27: a row's bits must not depend on the call it is in): every output of a build is
+// summed in ONE order whatever the call's row count, the row's place in it, the thread count or how output
+// features are split, so a token gives the same bits in a prompt call, with a cached prefix, batched with
+// other sequences or alone, and in a decode call.
+//   portable (fp32, fp16, and bf16 without AVX512-BF16): 8-lane vectors (SSE pairs in the baseline build),
+//     kKU accumulators taking the 8-column steps round robin, added in order, the 8 lanes in hsum's tree,
+//     then the columns past the last whole kKU * 8 step one by one, then the bias; one rounding.
+//   AVX512-BF16: one accumulator per output over the 32-column steps in order (the masked tail last), the 16
+//     lanes in hsum16's tree, then the bias; one rounding.
+// The order depends on the ISA build (results differ between KEEL_CPU_ISA levels), never on the call.
 #include <cstring>
 
 #include "ops/linear.h"
@@ -98,20 +108,25 @@ KEEL_KINLINE void row_tile(const LinearParams& p, int64_t m0, int64_t r) {
   }
 }
 
+// Accumulators per x row of the portable kernel: the same for every row count (it fixes the summation order).
+// 2: 4 x rows x 2 fill the 16 ymm registers' budget with the weight and x vectors; 1-row decode runs two
+// FMA chains (fp32 decode streams the weight at 32 bytes per FMA, far past memory bandwidth).
+constexpr int kKU = 2;
+
 template <typename T>
 void cols_impl(const LinearParams& p, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     int64_t m0 = 0;
-    for (; m0 + 4 <= p.m; m0 += 4) row_tile<4, 2, T>(p, m0, r);
+    for (; m0 + 4 <= p.m; m0 += 4) row_tile<4, kKU, T>(p, m0, r);
     switch (p.m - m0) {
       case 3:
-        row_tile<3, 2, T>(p, m0, r);
+        row_tile<3, kKU, T>(p, m0, r);
         break;
       case 2:
-        row_tile<2, 4, T>(p, m0, r);
+        row_tile<2, kKU, T>(p, m0, r);
         break;
       case 1:
-        row_tile<1, 4, T>(p, m0, r);
+        row_tile<1, kKU, T>(p, m0, r);
         break;
       default:
         break;
@@ -131,57 +146,13 @@ KEEL_AVX512BF16 KEEL_KINLINE float hsum16(__m512 v) {
               __builtin_shufflevector(u, u, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
-// row_tile with vdpbf16ps: 32 columns a step (bf16 pairs), x rows from the bf16 copy p.x16.
-template <int MR, int KU>
-KEEL_AVX512BF16 inline void row_tile_bf16(const LinearParams& p, int64_t m0, int64_t r) {
-  const int64_t k = p.k;
-  const uint16_t* x = static_cast<const uint16_t*>(p.x16) + m0 * k;
-  const uint16_t* w = static_cast<const uint16_t*>(p.w) + r * p.w_row;
-  constexpr int64_t ahead = kPrefetchBytes / 2;
-  __m512 acc[MR][KU];
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m) {
-#pragma GCC unroll 8
-    for (int u = 0; u < KU; ++u) acc[m][u] = _mm512_setzero_ps();
-  }
-  int64_t i = 0;
-  for (; i + 32 * KU <= k; i += 32 * KU) {
-#pragma GCC unroll 8
-    for (int u = 0; u < KU; ++u) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + i + ahead + 32 * u), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w + i + kFarPrefetchBytes / 2 + 32 * u), _MM_HINT_T2);
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + i + 32 * u);
-#pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) {
-        acc[m][u] = _mm512_dpbf16_ps(acc[m][u], (__m512bh)_mm512_loadu_si512(x + m * k + i + 32 * u), wv);
-      }
-    }
-  }
-  for (; i < k; i += 32) {  // tail: masked loads read zeros past k
-    const __mmask32 mask = k - i >= 32 ? ~__mmask32{0} : (__mmask32{1} << (k - i)) - 1;
-    const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + i);
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) {
-      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * k + i), wv);
-    }
-  }
-  bf16_t* out = static_cast<bf16_t*>(p.out);
-  const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
-  for (int m = 0; m < MR; ++m) {
-#pragma GCC unroll 8
-    for (int u = 1; u < KU; ++u) acc[m][0] = _mm512_add_ps(acc[m][0], acc[m][u]);
-    float s = hsum16(acc[m][0]);
-    if (bias) s += load(bias + r * p.bias_stride);
-    store(out + (m0 + m) * p.n + r, s);
-  }
-}
-
-// Prompts (4 or more x rows): MR x rows times NR weight rows, 32 columns a step, one accumulator per
-// output (MR * NR independent dpbf16 chains), so each step loads MR + NR vectors for MR * NR
-// dot-product steps instead of 1 + MR. Every
-// element of such a call is summed in the same order whatever its tile (one fp32 accumulator over k,
-// masked tail, then the 16-lane sum), so how rows and output features are split does not change it.
-template <int MR, int NR>
+// MR x rows times NR weight rows, 32 columns a step, one accumulator per output (MR * NR independent dpbf16
+// chains), so each step loads MR + NR vectors for MR * NR dot-product steps. Every output is summed in the
+// same order whatever its tile (one fp32 accumulator over k, masked tail, then the 16-lane sum), so neither
+// the call's row count nor how rows and output features are split changes it. Decode (kFar: 1-3 x rows)
+// streams 4 weight rows side by side (4 chains per x row) and also asks for the lines 32 KB ahead into the
+// outer caches.
+template <int MR, int NR, bool kFar>
 KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t r0) {
   const int64_t k = p.k;
   const uint16_t* x = static_cast<const uint16_t*>(p.x16) + m0 * k;
@@ -199,6 +170,7 @@ KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(w + j * p.w_row + i + ahead), _MM_HINT_T0);
+      if (kFar) _mm_prefetch(reinterpret_cast<const char*>(w + j * p.w_row + i + kFarPrefetchBytes / 2), _MM_HINT_T2);
       wv[j] = (__m512bh)_mm512_loadu_si512(w + j * p.w_row + i);
     }
 #pragma GCC unroll 8
@@ -232,45 +204,36 @@ KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t
 }
 
 // The x rows of one weight-row group [r0, r0 + NR): 4 at a time, then the remainder.
-template <int NR>
+template <int NR, bool kFar>
 KEEL_AVX512BF16 KEEL_KINLINE void rows_bf16(const LinearParams& p, int64_t r0) {
   int64_t m0 = 0;
-  for (; m0 + 4 <= p.m; m0 += 4) tile_bf16<4, NR>(p, m0, r0);
+  for (; m0 + 4 <= p.m; m0 += 4) tile_bf16<4, NR, kFar>(p, m0, r0);
   switch (p.m - m0) {
     case 3:
-      tile_bf16<3, NR>(p, m0, r0);
+      tile_bf16<3, NR, kFar>(p, m0, r0);
       break;
     case 2:
-      tile_bf16<2, NR>(p, m0, r0);
+      tile_bf16<2, NR, kFar>(p, m0, r0);
       break;
     case 1:
-      tile_bf16<1, NR>(p, m0, r0);
+      tile_bf16<1, NR, kFar>(p, m0, r0);
       break;
     default:
       break;
   }
 }
 
-KEEL_AVX512BF16 void cols_bf16(const LinearParams& p, int64_t begin, int64_t end) {
-  if (p.m < 4) {  // decode: one weight row at a time, one sequential stream, KU accumulators per x row
-    for (int64_t r = begin; r < end; ++r) {
-      switch (p.m) {
-        case 3:
-          row_tile_bf16<3, 2>(p, 0, r);
-          break;
-        case 2:
-          row_tile_bf16<2, 4>(p, 0, r);
-          break;
-        default:
-          row_tile_bf16<1, 4>(p, 0, r);
-          break;
-      }
-    }
-    return;
-  }
+template <bool kFar>
+KEEL_AVX512BF16 KEEL_KINLINE void groups_bf16(const LinearParams& p, int64_t begin, int64_t end) {
   int64_t r = begin;
-  for (; r + 4 <= end; r += 4) rows_bf16<4>(p, r);  // 4 weight rows: 16 accumulators at 4 x rows
-  for (; r < end; ++r) rows_bf16<1>(p, r);
+  for (; r + 4 <= end; r += 4) rows_bf16<4, kFar>(p, r);  // 4 weight rows: 16 accumulators at 4 x rows
+  for (; r < end; ++r) rows_bf16<1, kFar>(p, r);
+}
+
+KEEL_AVX512BF16 void cols_bf16(const LinearParams& p, int64_t begin, int64_t end) {
+  // decode and prompts share tile_bf16's order; decode adds the far prefetch
+  if (p.m < 4) return groups_bf16<true>(p, begin, end);
+  groups_bf16<false>(p, begin, end);
 }
 #endif  // __AVX2__
 

@@ -1,12 +1,13 @@
-"""keel::fp8_linear's AMX prompt GEMM (csrc/ops/fp8_linear_amx_cpu.cpp): bf16 x, at least 5 rows, on a CPU with AMX.
+"""keel::fp8_linear's AMX GEMM (csrc/ops/fp8_linear_amx_cpu.cpp): bf16 x, any row count, on a CPU with AMX.
 
 Each 32-row weight panel is decoded once per call to bf16 (exactly: subnormal bytes from a table, NaN bytes to
 NaN) and multiplied on AMX tiles per 128-wide K block, whose fp32 sum is scaled by the block's scale and added
 to the running total. Checked against the fp64 product of x and the dequantized weight with
 test_fp8_linear.py's bound (relative to the sum of |terms|) and one rounding; tails in m, n and k, both scale
 layouts, bias, subnormal / zero / NaN bytes, non-finite x, strided x; bits must not depend on the thread
-count or the other rows of the call, and differ from the AVX-512 GEMV's (so the AMX path is what ran), while
-fp32 / fp16 x and 4-row calls stay on the GEMV. Without AMX the reference checks run the GEMV.
+count, the row count or the other rows of the call (issue 27: decode rows run here too, one summation order per
+process), and differ from the AVX-512 GEMV's (so the AMX path is what ran), while fp32 / fp16 x stay on the GEMV.
+Without AMX the reference checks run the GEMV.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _x(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
 
 
-@pytest.mark.parametrize("m", [4, 5, 16, 17, 33, 70])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 16, 17, 33, 70])
 @pytest.mark.parametrize("k, n", [(1, 3), (127, 7), (128, 33), (129, 96), (300, 40), (576, 960)], ids=str)
 @pytest.mark.parametrize("block", [False, True], ids=["row-scales", "128x128-scales"])
 def test_matches_reference(m, k, n, block):
@@ -156,11 +157,11 @@ def test_thread_count_does_not_change_bits():
         torch.set_num_threads(before)
 
 
-def test_rows_do_not_depend_on_the_other_rows_of_a_prompt_call():
+def test_rows_do_not_depend_on_the_other_rows_of_the_call():
     q, s = quantize(torch.randn(100, 576))
     x = _x(70, 576, 7)
     full = ops.fp8_linear(x, q, s, None)
-    for a, b in ((0, 5), (3, 40), (31, 70), (60, 70)):
+    for a, b in ((0, 1), (7, 8), (3, 5), (9, 12), (0, 5), (3, 40), (31, 70), (60, 70)):
         assert torch.equal(ops.fp8_linear(x[a:b], q, s, None), full[a:b]), (a, b)
 
 
@@ -213,9 +214,10 @@ def test_every_level_matches_reference(isa, levels):
 
 @needs_amx
 def test_amx_is_what_runs(levels):
-    # auto = amx; 4-row calls and fp32 / fp16 x stay on the GEMV (same bits as avx512); bf16 prompts do not
+    # auto = amx; fp32 / fp16 x stay on the GEMV (same bits as avx512); bf16 prompts do not (the 4-row call runs
+    # on AMX too, but its few outputs may round alike in both orders: not compared)
     got = {isa: out.stdout.split() for isa, out in levels.items()}
     assert all(v and v[0] == "ok" for v in got.values()), {k: v.stdout + v.stderr for k, v in levels.items()}
     assert got["amx"] == got["auto"]
-    assert got["amx"][1:3] == got["avx512"][1:3]
+    assert got["amx"][2] == got["avx512"][2]
     assert got["amx"][3] != got["avx512"][3]

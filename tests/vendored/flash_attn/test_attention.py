@@ -147,7 +147,8 @@ def test_kvcache_empty_sequence_and_dense_cache():
 
 
 def test_split_k_matches_unsplit_on_long_context():
-    # the heuristic splits a batch-1 long context (the kernels report it); forced splits agree with none
+    # on the CPU the default (0) never splits, not even a batch-1 long context (a split changes the bits: issue 27,
+    # tests/vendored/flash_attn/test_call_shape.py); forced splits run as asked and agree with none to rounding
     gen = torch.Generator().manual_seed(6)
     n, h, hk, d = 1500, 4, 2, 64
     _, k, v = _qkv(gen, 0, n, h, hk, d, torch.float32)
@@ -159,10 +160,7 @@ def test_split_k_matches_unsplit_on_long_context():
             q, pg.k_cache, pg.v_cache, cache_seqlens=pg.seqlens, block_table=pg.block_table, num_splits=splits
         )
         ran, combined = last_splitkv_stats()
-        if splits == 0:
-            assert 2 <= ran <= n // 256, f"the heuristic did not split a 1500-key decode: {ran}"
-        else:
-            assert ran == splits
+        assert ran == (splits or 1), (splits, ran)
         assert combined == (ran * h if ran > 1 else 0), (ran, combined)
         torch.testing.assert_close(out[0].double(), ref, **tolerance(torch.float32), msg=f"splits {splits}")
 

@@ -1,6 +1,6 @@
 // vendored_deps/flash_attn/src/flash_api.cpp
 // Argument checks, parameter setup (set_params_fprop / set_params_splitkv as upstream names them),
-// the split-K heuristic and the choice of CPU build. Messages name the argument.
+// the split-K choice (on the CPU: none unless asked) and the choice of CPU build. Messages name the argument.
 #include "flash_api.h"
 
 #include <algorithm>
@@ -171,14 +171,6 @@ void set_params_fprop(Flash_fwd_params& params, const TensorView& q, const Tenso
   params.is_causal = window_size_left < 0 && window_size_right == 0;
 }
 
-// Upstream's num_splits_heuristic, CPU flavour: split along the keys only when the other work
-// items cannot keep the threads busy and every split keeps at least 256 keys.
-int num_splits_heuristic(int64_t items, int seqlen_k, int num_threads) {
-  if (items >= 2 * num_threads || seqlen_k < 512) return 1;
-  const int64_t want = (2 * int64_t(num_threads) + items - 1) / items;
-  return int(std::max<int64_t>(1, std::min<int64_t>({want, seqlen_k / 256, 64})));
-}
-
 void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, void* stream) {
   FLASH_REQUIRE(num_splits >= 0 && num_splits <= 128, "num_splits must be in [0, 128], got ", num_splits);
   if (cuda) {
@@ -188,9 +180,13 @@ void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, 
     t_last_stats = SplitKvStats{1, 0};
     return;
   }
-  const int64_t items = int64_t(params.b) * (params.h_k / cpu_kv_heads_per_item(params)) *
-                        ((params.seqlen_q + block_m_hint - 1) / block_m_hint);
-  params.num_splits = num_splits > 0 ? num_splits : num_splits_heuristic(items, params.seqlen_k, g_num_threads);
+  // num_splits 0 (auto) never splits along the keys on the CPU: a split merges partial softmaxes, which changes a
+  // query's bits, and upstream's heuristic would choose it from the batch, the thread count and the context length
+  // (issue 27: a query's output must be the same bits in a prefill, with a cached prefix, batched or alone, and as
+  // a decode query). The kernel spreads the work over kv heads instead (cpu_kv_heads_per_item); an explicit
+  // num_splits > 1 still splits, as asked.
+  (void)block_m_hint;
+  params.num_splits = num_splits > 0 ? num_splits : 1;
   std::vector<float> oaccum, lseaccum;
   if (params.num_splits > 1) {  // set_params_splitkv: fp32 partials per split
     oaccum.resize(size_t(params.num_splits) * params.total_q * params.h * params.d);

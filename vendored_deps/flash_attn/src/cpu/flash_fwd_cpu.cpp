@@ -5,9 +5,17 @@
 //
 // Work item: (sequence, block of query rows, kv head, split). The G = h / h_k query heads that share
 // a kv head are processed together, so each key / value row is read and converted once for G rows
-// (GQA without expanding K/V). With num_splits > 1 each item covers 1/num_splits of the sequence's
-// keys and writes an fp32 partial (normalized output + log-sum-exp); combine() merges them and
-// counts what it merged (run_mha_fwd returns the count: flash::last_splitkv_stats).
+// (GQA without expanding K/V). With num_splits > 1 (only when the caller asks: the CPU never chooses a split)
+// each item covers 1/num_splits of the sequence's keys and writes an fp32 partial (normalized output +
+// log-sum-exp); combine() merges them and counts what it merged (run_mha_fwd returns the count:
+// flash::last_splitkv_stats).
+//
+// Summation order (issue 27): a query row's output depends only on its own query, keys and values, never on
+// the call: key tiles end at multiples of 16 keys (and at page ends: page sizes that are multiples of 16 give
+// the same tiles paged or contiguous), keys a row does not see add exact zeros, and no per-row step depends on
+// which other rows, heads or sequences share the item or the call. So a query gives the same bits in a
+// prefill, with its prefix from the paged cache, batched or alone, and as a decode query, on any thread count.
+// Not with num_splits > 1: the split changes the order.
 #include "flash_fwd_cpu.h"
 
 #include "../block_info.h"
@@ -306,10 +314,7 @@ void combine(void* ctx, int64_t begin, int64_t end) {
 template <typename T>
 int64_t run_typed(const Flash_fwd_params& p, const CpuRun& run) {
   std::atomic<int64_t> combined{0};
-  Job job{&p, 1, 1, (p.d + kPad - 1) / kPad * kPad, cpu_kv_heads_per_item(p), &combined};
-  // about 64 rows (query positions x heads of a group) per item: K/V rows are reused that often
-  job.block_m = std::max(1, std::min(p.seqlen_q, 64 / std::max(1, p.h_h_k_ratio)));
-  job.block_m = std::min(job.block_m, std::max(1, 256 / p.h_h_k_ratio));
+  Job job{&p, cpu_block_m(p), 1, (p.d + kPad - 1) / kPad * kPad, cpu_kv_heads_per_item(p, run.num_threads), &combined};
   job.n_mblocks = (p.seqlen_q + job.block_m - 1) / job.block_m;
   const int64_t items = int64_t(p.b) * job.n_mblocks * (p.h_k / job.kv_group) * p.num_splits;
   if (run.parallel_for)
