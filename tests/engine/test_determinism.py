@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from random_checkpoint import write_random_llama
+from keel_dev.checkpoints import write_random_llama
 from support.smollm2 import needs_smollm2
 
 from keel.engine import LLM, SamplingParams

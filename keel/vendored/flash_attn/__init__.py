@@ -72,8 +72,8 @@ def flash_attn_varlen_func(
 
     With `block_table` [B, max_blocks] int32, k/v are paged caches [num_blocks, block_size, H_kv, D]
     and `seqused_k` [B] int32 (required then) gives each sequence's keys; cu_seqlens_k may be None.
-    `deterministic` is accepted and moot: the CPU kernels are deterministic. `num_splits`: 0 lets
-    the kernel choose how far to split along the keys."""
+    `deterministic` is accepted and moot: the CPU kernels are deterministic. `num_splits`: 0 does
+    not split along the keys on the CPU (one summation order whatever the call's shape)."""
     func = "flash_attn_varlen_func"
     _unsupported(func, dropout_p=dropout_p, alibi_slopes=alibi_slopes is not None, return_attn_probs=return_attn_probs)
     if block_table is not None and seqused_k is None:

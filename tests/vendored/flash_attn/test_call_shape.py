@@ -36,7 +36,7 @@ LEVELS = [("base", True), ("avx2", {"avx2", "fma", "f16c"} <= FLAGS), ("auto", T
 
 CHILD = r"""
 import torch
-from flash_attn_ref import cu, paged
+from support.flash_attn_ref import cu, paged
 from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache, last_splitkv_stats
 
 fails = []
