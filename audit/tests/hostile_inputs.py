@@ -157,10 +157,17 @@ class Run:
 
 
 def _rss(pid: int) -> int:
+    return _status_bytes(pid, "VmRSS:")
+
+
+def _status_bytes(pid: int, key: str) -> int:
+    """A size line of /proc/PID/status in bytes (0 once the process is gone). VmHWM is the peak RSS of the
+    process's own address space: wait4's ru_maxrss is not, since exec records the RSS the forked parent had
+    (a pytest process holding models reports gigabytes for a child that used megabytes)."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -169,7 +176,7 @@ def _rss(pid: int) -> int:
 
 def run_audit(args: list[str], limit: int = RSS_LIMIT, timeout: float = 300.0) -> Run:
     """`python -m keel_audit ARGS` in a child process, killed when its RSS passes `limit` (so a
-    regression fails the test instead of exhausting the machine); peak RSS from wait4's rusage."""
+    regression fails the test instead of exhausting the machine); peak RSS from /proc (VmHWM)."""
     env = dict(os.environ)
     root = str(Path(keel_audit.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -177,10 +184,11 @@ def run_audit(args: list[str], limit: int = RSS_LIMIT, timeout: float = 300.0) -
         proc = subprocess.Popen(
             [sys.executable, "-m", "keel_audit", *args], stdout=subprocess.DEVNULL, stderr=err, env=env
         )
-        killed = False
+        killed, peak = False, 0
         deadline = time.monotonic() + timeout
         while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            peak = max(peak, _status_bytes(proc.pid, "VmHWM:"))
+            pid, status, _usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             if not killed and (_rss(proc.pid) > limit or time.monotonic() > deadline):
@@ -190,4 +198,4 @@ def run_audit(args: list[str], limit: int = RSS_LIMIT, timeout: float = 300.0) -
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         text = err.read().decode("utf-8", "replace")
-    return Run(proc.returncode, text, usage.ru_maxrss * 1024, killed)
+    return Run(proc.returncode, text, peak, killed)

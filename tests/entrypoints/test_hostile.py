@@ -200,7 +200,7 @@ rules = ["start: r0"] + [f'r{{i}}: "a" r{{i + 1}}' for i in range(3500)] + ['r35
 m = g.matcher("grammar", "\\n".join(rules))
 print("ok", m.is_error())
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
     assert done.returncode == 0 and "ok False" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 

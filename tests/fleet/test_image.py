@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +122,11 @@ def test_healthcheck_is_keel_doctor_and_entrypoint_is_keel_serve():
 
 
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+@pytest.mark.skipif(
+    os.environ.get("KEEL_TEST_IMAGE") != "1",
+    reason="downloads torch wheels and Debian packages (the suite needs no network): KEEL_TEST_IMAGE=1 runs it, "
+    "or the documented command bash scripts/fleet/build_images.sh",
+)
 def test_build_images_small_refuses_torch_2_9_1():
     wheels = sorted((ROOT / "dist").glob("keel-*.whl"))
     wheel = os.environ.get("KEEL_WHEEL") or (str(wheels[-1]) if wheels else "")
@@ -130,6 +136,7 @@ def test_build_images_small_refuses_torch_2_9_1():
         pytest.skip("the image build needs root (debootstrap, rootful podman)")
     proc = subprocess.run(
         ["bash", str(SCRIPT), "--small", "--wheel", wheel],
+        env={**os.environ, "PYTHON": sys.executable},  # this environment's keel fetches the demo model
         capture_output=True,
         text=True,
         timeout=3600,

@@ -1,5 +1,5 @@
 """Run a piece of Python in a child process with a bound on its memory: the child is killed when its RSS
-passes the bound (a regression fails its test instead of exhausting the machine); peak RSS from wait4.
+passes the bound (a regression fails its test instead of exhausting the machine); peak RSS from /proc (VmHWM).
 
 Also `sparse_checkpoint`: a checkpoint folder whose config.json is edited and whose model.safetensors has
 exactly the tensors the edited config implies, as a sparse file of zeros (GiBs of weights, KBs on disk).
@@ -48,10 +48,17 @@ class Child:
 
 
 def _rss(pid: int) -> int:
+    return _status_bytes(pid, "VmRSS:")
+
+
+def _status_bytes(pid: int, key: str) -> int:
+    """A size line of /proc/PID/status in bytes (0 once the process is gone). VmHWM is the peak RSS of the
+    process's own address space: wait4's ru_maxrss is not, since exec records the RSS the forked parent had
+    (a pytest process holding models reports gigabytes for a child that used megabytes)."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -65,12 +72,13 @@ def run_child(
     full_env = {**os.environ, **(env or {})}
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args], stdout=subprocess.DEVNULL, stderr=err, env=full_env
+            [sys.executable, "-c", code, *args], stdout=subprocess.DEVNULL, stderr=err, env=full_env, cwd="/"
         )
-        killed = False
+        killed, peak = False, 0
         deadline = time.monotonic() + timeout
         while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            peak = max(peak, _status_bytes(proc.pid, "VmHWM:"))
+            pid, status, _usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             if not killed and (_rss(proc.pid) > limit or time.monotonic() > deadline):
@@ -80,7 +88,7 @@ def run_child(
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         text = err.read().decode("utf-8", "replace")
-    return Child(proc.returncode, text, usage.ru_maxrss * 1024, killed)
+    return Child(proc.returncode, text, peak, killed)
 
 
 def copy_checkpoint(src: Path, dst: Path) -> Path:

@@ -22,7 +22,7 @@ import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -386,7 +386,7 @@ def _uvicorn_server() -> type:
 
         async def serve(self, sockets: Any = None) -> None:
             self._loop = asyncio.get_running_loop()
-            start_warm_up(self.config.app.app)  # the Guard's FastAPI app
+            start_warm_up(cast(Any, self.config.app).app)  # the Guard's FastAPI app
             await super().serve(sockets)
 
         def handle_exit(self, sig: int, frame: Any) -> None:

@@ -52,7 +52,8 @@ class Histogram:
         self.n += 1
 
     def buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
+        out: list[tuple[str, float]] = []
+        running = 0
         for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
             running += count
             out.append(("+Inf" if bound == float("inf") else repr(bound), running))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-_CONFTEST = Path(__file__).resolve().parent
+_TESTS = Path(__file__).resolve().parents[2]  # tests/: the child imports support.flash_attn_ref
 
 
 def _flags() -> set[str]:
@@ -123,7 +123,7 @@ def test_query_does_not_depend_on_the_call(isa, available, tmp_path):
     if not available:
         pytest.skip(f"this CPU has no {isa} build")
     env = {**os.environ, "KEEL_CPU_ISA": isa}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_CONFTEST), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_TESTS), env.get("PYTHONPATH")) if p)
     out = subprocess.run(
         [sys.executable, "-c", CHILD], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900
     )
