@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,8 +40,13 @@ def preflight(venv: Path, torch_b: str) -> tuple[bool, str]:
     exe = venv / "bin" / "keel-audit"
     if not exe.exists():
         return False, f"{exe} is missing: pip install ./audit into {venv}"
-    proc = subprocess.run([str(exe), "preflight", "keel", "--torch", torch_b], capture_output=True, text=True)
-    return proc.returncode == 0, (proc.stdout + proc.stderr).strip().splitlines()[-1] if proc.stdout else proc.stderr
+    # cwd /: in the checkout, "keel" would name the source folder (no libraries), not the installed distribution
+    proc = subprocess.run([str(exe), "preflight", "keel", "--torch", torch_b], capture_output=True, text=True, cwd="/")
+    last = (proc.stdout.strip().splitlines() or [proc.stderr.strip()])[-1]
+    found = re.search(r"(\d+) of (\d+) libraries load", last)
+    if found is None or int(found.group(2)) == 0:  # nothing was checked: no verdict, so no roll
+        return False, f"no keel library was preflighted: {last}"
+    return proc.returncode == 0, last
 
 
 def greedy(replicas: list[Replica], model: str) -> list[str]:
