@@ -187,6 +187,7 @@ def test_f(): pass
 """
 
 
+@pytest.mark.slow  # pytest child processes that crash and hang on purpose
 def test_area_resumes_after_a_sticky_fault_and_a_crash(tmp_path):
     (tmp_path / "test_area_fake.py").write_text(AREA_TESTS)
     env = {**os.environ, "PYTHONPATH": str(DEVICE)}
@@ -207,6 +208,7 @@ def test_area_resumes_after_a_sticky_fault_and_a_crash(tmp_path):
     assert len(list((tmp_path / "work" / "junit").glob("fake-*.xml"))) == 2  # the crashed process wrote none
 
 
+@pytest.mark.slow  # pytest child processes that crash and hang on purpose
 def test_area_per_test_timeout(tmp_path):
     (tmp_path / "test_area_fake.py").write_text(AREA_TESTS)
     env = {**os.environ, "PYTHONPATH": str(DEVICE), "HANG": "1"}

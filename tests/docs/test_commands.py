@@ -27,7 +27,8 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def _params() -> list:
-    return [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if "slow" in b.flags else []) for b in BLOCKS]
+    # every block runs real commands (a model fetch, a generation, doctor in fresh processes): the whole suite's
+    return [pytest.param(b, id=b.id, marks=[pytest.mark.slow]) for b in BLOCKS]
 
 
 def _find_gguf() -> Path | None:

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY_ARGS = ["--device", "cpu", "--dtype", "fp32", "--block-size", "4", "--kv-cache-gib", "0.05"]
 
 
+@pytest.mark.slow  # starts its own keel serve and runs every category of the probe
 def test_probe_sample_has_no_crash_no_5xx_no_unexpected_answer(tiny_model, tmp_path):
     out = tmp_path / "probe.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "probe" / "serve.py"), "--model", str(tiny_model), "--sample"]
@@ -31,6 +32,7 @@ def test_probe_sample_has_no_crash_no_5xx_no_unexpected_answer(tiny_model, tmp_p
         assert r["cases"] > 0 and r["crashes"] == 0 and r["server_errors"] == 0 and not r["unexpected"], r
 
 
+@pytest.mark.slow  # a property-based pass over the whole OpenAPI document (capped at 30 s)
 def test_schemathesis_finds_no_failure(served, tmp_path):
     st = shutil.which("schemathesis", path=str(Path(sys.executable).parent)) or shutil.which("schemathesis")
     if st is None:
