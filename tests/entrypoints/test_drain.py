@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,6 +27,16 @@ class Proc:
         args += ["--kv-cache-gib", "0.05", "--served-model-name", "m", "--log-level", "warning"]
         self.server = start_server([*args, "--shutdown-timeout", str(shutdown_timeout)], timeout_s=120)
         self.proc, self.base = self.server.proc, self.server.base_url
+
+    def streams_open(self) -> float:
+        """`keel_num_streams_open` from /metrics (sub-requests whose response is still being sent)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(self.base + "/metrics", timeout=10).read().decode()
+        for family in text_string_to_metric_families(text):
+            if family.name == "keel_num_streams_open":
+                return family.samples[0].value
+        return 0.0
 
     def health(self) -> int | None:
         return self.server.health()
@@ -68,6 +79,9 @@ def run_drain(model: Path, shutdown_timeout: float) -> tuple[list[str], dict, in
         whole: list = []
         sender = threading.Thread(target=lambda: whole.append(p.post("/v1/chat/completions", LONG)), daemon=True)
         sender.start()
+        deadline = time.monotonic() + 60
+        while not whole and p.streams_open() < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the non-streamed request is in flight (its 8 choices open) before anything else
         events: list[str] = []
         first = threading.Event()
         reader = threading.Thread(target=p.stream, args=(LONG, events, first), daemon=True)
