@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,16 +50,41 @@ def test_ruff_check():
     _run(_tool("ruff"), "check", ".")
 
 
+@pytest.fixture(scope="module")
+def mypy_runs() -> Iterator[dict[str, subprocess.Popen]]:
+    """Both mypy runs started side by side on the first test that needs one (in a fresh checkout each is a
+    single-threaded cold run of tens of seconds); each test then waits for its own."""
+    mypy = _tool("mypy")
+    runs = {
+        # keel at mypy's default strictness ([tool.mypy] in pyproject.toml)
+        "keel": ((mypy, "--cache-dir=.cache/mypy"), ROOT),
+        # the keel-audit distribution under mypy --strict (audit/pyproject.toml's [tool.mypy]): it ships py.typed
+        "audit": ((mypy, "--cache-dir=../.cache/mypy-audit"), ROOT / "audit"),
+    }
+    procs = {
+        name: subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name, (cmd, cwd) in runs.items()
+    }
+    yield procs
+    for proc in procs.values():  # a test that was not run (deselected, -x) leaves its run behind
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _finished(proc: subprocess.Popen) -> None:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, f"{' '.join(proc.args)} failed (exit {proc.returncode}):\n{out}"
+
+
 @pytest.mark.slow  # the whole package type-checked (the pre-commit hook runs it too)
-def test_mypy_keel():
-    # keel at mypy's default strictness ([tool.mypy] in pyproject.toml)
-    _run(_tool("mypy"), "--cache-dir=.cache/mypy")
+def test_mypy_keel(mypy_runs):
+    _finished(mypy_runs["keel"])
 
 
 @pytest.mark.slow  # the whole audit package type-checked, strict
-def test_mypy_keel_audit_strict():
-    # the keel-audit distribution under mypy --strict (audit/pyproject.toml's [tool.mypy]): it ships py.typed
-    _run(_tool("mypy"), "--cache-dir=../.cache/mypy-audit", cwd=ROOT / "audit")
+def test_mypy_keel_audit_strict(mypy_runs):
+    _finished(mypy_runs["audit"])
 
 
 def test_clang_format():

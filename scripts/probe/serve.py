@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from keel_dev.hostile import surrogate_cases
+
 HOST = "127.0.0.1"
 KEY = "probe-key"
 MODEL = "probe"
@@ -331,24 +333,9 @@ def template_cases(sample: bool) -> list[Case]:
 
 
 def unicode_cases(sample: bool) -> list[Case]:
-    s = '"\\ud800"'
-    raw = [
-        ("/v1/completions", '{"model": %s, "prompt": "hi", "max_tokens": 1}', "model"),
-        ("/v1/completions", '{"model": "probe", "prompt": %s, "max_tokens": 1}', "prompt"),
-        (
-            "/v1/chat/completions",
-            '{"model": "probe", "messages": [{"role": "user", "content": %s}]}',
-            "messages.0.content",
-        ),
-        ("/v1/chat/completions", '{"model": %s, "messages": [{"role": "user", "content": "hi"}]}', "model"),
-        ("/tokenize", '{"prompt": %s}', "prompt"),
-        ("/tokenize", '{"model": "probe", "messages": [{"role": "user", "content": %s}]}', "messages.0.content"),
-        ("/detokenize", '{"model": %s, "tokens": [1]}', "model"),
-        ("/v1/completions", '{"model": "probe", "prompt": "hi", "stop": [%s]}', "stop.0"),
-        ("/v1/completions", '{"model": "probe", "prompt": "hi", "logit_bias": {%s: 1}}', "logit_bias.<key>"),
-    ]
     cases: list[Case] = [
-        (f"{path} {param} = \\ud800", post(path, raw=(t % s).encode()), is_4xx_naming(param)) for path, t, param in raw
+        (f"{path} {param} = \\ud800", post(path, raw=raw), is_4xx_naming(param))
+        for path, raw, param in surrogate_cases(MODEL)
     ]
     for key in ["\u00b2", "\u0663", "1e3", "-1"]:
         cases.append(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from keel_dev.hostile import surrogate_cases
 from support.native import needs_ops
 from support.serve import MODEL_NAME, Served, start_server
 
@@ -69,26 +70,10 @@ def trusted(tiny_model: Path) -> Iterator[Served]:
 
 # ---- item 5: malformed input is a 4xx naming the field -------------------------------------------------------
 
-SURROGATE = '"\\ud800"'  # JSON's escape of a lone UTF-16 surrogate: valid JSON, not valid Unicode
 
-SURROGATE_CASES = [
-    ("/v1/completions", '{"model": %s, "prompt": "hi", "max_tokens": 1}', "model"),
-    ("/v1/completions", '{"model": "tiny", "prompt": %s, "max_tokens": 1}', "prompt"),
-    (
-        "/v1/chat/completions",
-        '{"model": "tiny", "messages": [{"role": "user", "content": %s}], "max_tokens": 1}',
-        "messages.0.content",
-    ),
-    ("/v1/chat/completions", '{"model": %s, "messages": [{"role": "user", "content": "hi"}]}', "model"),
-    ("/tokenize", '{"prompt": %s}', "prompt"),
-    ("/tokenize", '{"messages": [{"role": "user", "content": %s}]}', "messages.0.content"),
-    ("/detokenize", '{"model": %s, "tokens": [1]}', "model"),
-]
-
-
-@pytest.mark.parametrize(("path", "template", "param"), SURROGATE_CASES)
-def test_lone_surrogate_is_a_400_naming_the_field(served, path, template, param):
-    status, body, _ = call(served.base_url, path, raw=(template % SURROGATE).encode())
+@pytest.mark.parametrize(("path", "raw", "param"), surrogate_cases(MODEL_NAME))
+def test_lone_surrogate_is_a_400_naming_the_field(served, path, raw, param):
+    status, body, _ = call(served.base_url, path, raw=raw)
     assert status == 400, body
     assert body["error"]["param"] == param and "Unicode" in body["error"]["message"], body
 

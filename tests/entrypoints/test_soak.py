@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.serve import BLOCK_SIZE, kv_bytes_per_block, needs_ops
 
-pytestmark = [needs_ops, pytest.mark.slow]  # a 20 s soak, plus the server's start and warm-up
+pytestmark = [needs_ops, pytest.mark.slow]  # a 12 s soak, plus the server's start and warm-up
 
 SOAK = Path(__file__).resolve().parents[2] / "scripts" / "soak" / "serve.py"
 
@@ -25,11 +25,11 @@ def test_short_soak_meets_every_goal(tiny_model, tmp_path):
     argv += ["--kv-cache-gib", repr(gib), "--max-num-seqs", "4", "--max-waiting", "4", "--concurrency", "6"]
     argv += [
         "--duration",
-        "20",
+        "12",
         "--warmup",
-        "6",
+        "4",
         "--burst-every",
-        "6",
+        "4",
         "--max-body-bytes",
         "4096",
         "--long-tokens",
