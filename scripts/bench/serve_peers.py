@@ -304,9 +304,9 @@ def health(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
-def cpu_list() -> str:
-    """The CPUs this process may run on, as a list for VLLM_CPU_OMP_THREADS_BIND ("0-1", "0,2,5")."""
-    cpus = sorted(os.sched_getaffinity(0))
+def cpu_list(cpus: Iterable[int] | None = None) -> str:
+    """CPUs (default: the ones this process may run on) as VLLM_CPU_OMP_THREADS_BIND writes them ("0-1", "0,2-3")."""
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else set(cpus))
     ranges, start = [], cpus[0]
     for a, b in zip(cpus, [*cpus[1:], None], strict=False):
         if b != a + 1:
