@@ -220,3 +220,56 @@ def test_a_row_that_cannot_be_sampled_fails_alone():
     assert sorted(out.errors) == [1, 3, 5, 6]
     assert all(out.token_ids[r] == -1 and out.logprobs[r] is None for r in out.errors)
     assert "outside [0, 8)" in out.errors[5] and "NaN" in out.errors[1] and "NaN" in out.errors[6]
+
+
+@pytest.mark.parametrize("vocab", [8, 1000, 4096])  # one cumulative sum; two levels (chunks of 128)
+def test_draw_follows_the_distribution_and_never_picks_a_zero_weight(vocab):
+    """`draw` (inverse transform sampling) against the exact probabilities: 20000 draws of one row whose
+    weights are unnormalized and have zeros; every frequency within 5 standard deviations of its expectation
+    (plus 4 draws: a token expected 0.01 times may come once or twice), the frequencies of every 64 tokens
+    within 5 standard deviations, no zero-weight token ever drawn."""
+    from keel.layers.sampler import draw
+
+    gen = torch.Generator().manual_seed(5)
+    w = torch.rand(vocab, generator=gen) ** 4 * 3.0  # skewed, sums to far from 1
+    w[torch.randperm(vocab, generator=gen)[: vocab // 4]] = 0.0
+    w[0] = w[-1] = 0.0  # the first and the last token (the edges of both levels)
+    n = 20000
+    rows = w.repeat(500, 1)
+    counts = torch.zeros(vocab)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n // 500):
+        for t in draw(rows.clone(), [g] * 500):
+            counts[t] += 1
+    assert counts[w == 0].sum() == 0
+    p = w / w.sum()
+    sd = (n * p * (1 - p)).sqrt()
+    assert ((counts - n * p).abs() <= 5 * sd + 4).all()
+    if vocab % 64 == 0:
+        pb, cb = p.view(-1, 64).sum(-1), counts.view(-1, 64).sum(-1)
+        assert ((cb - n * pb).abs() <= 5 * (n * pb * (1 - pb)).sqrt()).all()
+
+
+def test_draw_rows_depend_on_their_own_weights_and_generator_only():
+    """A seeded row draws the same token whatever the other rows are (the batch cannot change a seeded
+    request's tokens), and the same seed draws the same tokens again."""
+    from keel.layers.sampler import draw
+
+    torch.manual_seed(3)
+    w = torch.rand(6, 1024)
+    alone = [draw(w[2:3].clone(), [torch.Generator().manual_seed(9)])[0] for _ in range(3)]
+    batch = draw(w.clone(), [None, None, torch.Generator().manual_seed(9), None, None, None])
+    assert alone == [alone[0]] * 3 and batch[2] == alone[0]
+
+
+def test_draw_target_rounding_to_the_total_picks_the_last_positive_weight(monkeypatch):
+    """A uniform that rounds u times the total up to the total (the end of the last chunk) still draws a
+    token of positive weight: the last one."""
+    import keel.layers.sampler as sampler
+
+    w = torch.zeros(2, 1024)
+    w[0, 700] = w[0, 5] = 1.0
+    w[1, 3] = 2.0
+    monkeypatch.setattr(sampler.torch, "rand", lambda n, **kw: torch.full((n,), 1.0, dtype=torch.float64))
+    assert sampler.draw(w, [None, None]) == [700, 3]
+    assert sampler.draw(w[:, :8].contiguous(), [None, None]) == [5, 3]  # one level (vocab under 4 chunks)
