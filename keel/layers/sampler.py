@@ -427,9 +427,9 @@ def sample(
                     errors[b] = _failure(row_exc)
             if len(proc) == 1:
                 errors[proc[0]] = _failure(exc)
-    out = greedy(logits)  # greedy rows; sampled rows are overwritten below
     hot = [b for b, p in enumerate(params) if p.temperature >= SAMPLING_EPS and b not in errors]
     cold = [b for b in range(len(params)) if b not in errors and params[b].temperature < SAMPLING_EPS]
+    out = greedy(logits) if cold else [-1] * len(params)  # greedy rows; sampled rows are overwritten below
     if cold:  # argmax took a NaN (any NaN in the row) or a -inf (every token masked): no token to give
         cols = [out[b] for b in cold]
         if logits.device.type == "cpu":  # (numpy: no tensors built for a few values, as `greedy` does)
