@@ -350,6 +350,42 @@ def _last_drawable(row: torch.Tensor, end: int) -> int:
     return int(torch.nonzero(row[:end]).max())
 
 
+def draw_filtered(row: torch.Tensor, top_k: int, top_p: float, min_p: float, generator: torch.Generator | None) -> int:
+    """One token of one row of temperature-scaled logits [V] under min_p, then top-k, then top-p (the
+    order and rules of `apply_min_p` and `filter_top_k_top_p`), drawn among the candidates only: the top k
+    tokens (`torch.topk`), or for top-p alone the top `TOP_P_CANDIDATES` when they hold top_p of the
+    probability mass (else four times as many, up to a sort of the whole row), so no vocabulary-wide sort,
+    scatter or mask runs for the common settings. The row's largest logit must be finite (`sample` checks)."""
+    vocab = row.shape[-1]
+    k = top_k if 0 < top_k < vocab else vocab
+    if top_p < 1.0 and k == vocab:
+        k = min(vocab, TOP_P_CANDIDATES)
+    while True:
+        vals, idx = torch.topk(row, k) if k < vocab else torch.sort(row, descending=True)
+        weights = torch.exp(vals - vals[0])  # probability / the top token's
+        if min_p:
+            weights = weights.masked_fill(weights < min_p, 0.0)
+        if top_p >= 1.0:
+            break
+        if 0 < top_k < vocab:  # top-p over the top-k tokens' renormalized probabilities
+            total = weights.sum()
+        else:  # over the whole vocabulary (after min_p)
+            every = torch.exp(row - vals[0])
+            total = (every.masked_fill(every < min_p, 0.0) if min_p else every).sum()
+        cum = weights.cumsum(0) / total
+        if k < vocab and not 0 < top_k < vocab and cum[-1] < top_p:
+            k = min(vocab, 4 * k)  # the candidates hold less than top_p: four times as many (at last, all)
+            continue
+        before = cum - weights / total  # the mass before each candidate
+        n = max(1, int((before < top_p).sum()))  # the top token always stays
+        vals, idx, weights = vals[:n], idx[:n], weights[:n]
+        break
+    return int(idx[draw(weights[None], [generator])[0]])
+
+
+TOP_P_CANDIDATES = 1024  # top-p without top-k: the candidates tried before a full sort of the row
+
+
 def _failure(exc: BaseException) -> str:
     return f"sampling failed for this request: {type(exc).__name__}: {exc}"
 
@@ -445,31 +481,28 @@ def sample(
         sub = logits if len(hot) == len(params) else logits[torch.tensor(hot, device=dev)]
         temps = [params[b].temperature for b in hot]
         scaled = sub / torch.tensor(temps, device=dev)[:, None] if any(t != 1.0 for t in temps) else sub
-        min_p = [params[b].min_p for b in hot]
-        if any(min_p):
-            scaled = apply_min_p(scaled, torch.tensor(min_p, device=dev))
         top = scaled.amax(-1)
         finite = torch.isfinite(top).tolist()  # NaN, +inf or all -inf: nothing to sample
-        ok: list[int] = []  # rows of `scaled` to draw from
+        plain: list[int] = []  # rows of `scaled` drawn from the whole vocabulary
         for r, b in enumerate(hot):
             p = params[b]
             if not finite[r]:
                 errors[b] = NOT_FINITE
-                continue
-            if 0 < p.top_k < vocab or p.top_p < 1.0:
+            elif 0 < p.top_k < vocab or p.top_p < 1.0:
                 try:
-                    if scaled is logits:  # the caller's tensor (float32 input): filter a copy
-                        scaled = logits.clone()
-                    scaled[r] = filter_top_k_top_p(scaled[r], p.top_k, p.top_p)
+                    out[b] = draw_filtered(scaled[r], p.top_k, p.top_p, p.min_p, generators[b])
                 except Exception as exc:  # noqa: BLE001 - this row alone fails
                     errors[b] = _failure(exc)
-                    continue
-            ok.append(r)
-        if ok:
-            keep = None if len(ok) == len(hot) else torch.tensor(ok, device=dev)
+            else:
+                plain.append(r)
+        if plain:
+            keep = None if len(plain) == len(hot) else torch.tensor(plain, device=dev)
             rows, peak = (scaled, top) if keep is None else (scaled[keep], top[keep])
             weights = torch.sub(rows, peak[:, None], out=_buffer("weights", rows)).exp_()  # softmax's numerator
-            for r, token in zip(ok, draw(weights, [generators[hot[r]] for r in ok]), strict=True):
+            min_p = [params[hot[r]].min_p for r in plain]
+            if any(min_p):  # probability below min_p times the top one: weight below min_p (the top weighs 1)
+                weights.masked_fill_(weights < torch.tensor(min_p, device=dev)[:, None], 0.0)
+            for r, token in zip(plain, draw(weights, [generators[hot[r]] for r in plain]), strict=True):
                 out[hot[r]] = token
     for b in errors:
         out[b] = -1

@@ -273,3 +273,48 @@ def test_draw_target_rounding_to_the_total_picks_the_last_positive_weight(monkey
     monkeypatch.setattr(sampler.torch, "rand", lambda n, **kw: torch.full((n,), 1.0, dtype=torch.float64))
     assert sampler.draw(w, [None, None]) == [700, 3]
     assert sampler.draw(w[:, :8].contiguous(), [None, None]) == [5, 3]  # one level (vocab under 4 chunks)
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "min_p"),
+    [
+        (20, 1.0, 0.0),
+        (0, 0.9, 0.0),
+        (0, 0.999, 0.0),
+        (40, 0.8, 0.0),
+        (0, 0.9, 0.02),
+        (30, 1.0, 0.05),
+        (0, 1.0, 0.2),
+        (0, 0.97, 0.2),
+    ],
+)
+def test_filtered_draw_follows_min_p_top_k_top_p(monkeypatch, top_k, top_p, min_p):
+    """`draw_filtered` (candidates from topk, growing past `TOP_P_CANDIDATES` when they hold less than top_p)
+    draws from the distribution that `apply_min_p` then `filter_top_k_top_p` then softmax define: no token
+    outside it, every frequency within 5 standard deviations (plus 4) of its probability."""
+    import keel.layers.sampler as sampler
+
+    monkeypatch.setattr(sampler, "TOP_P_CANDIDATES", 16)  # (0, 0.999): 16 -> 64 -> 256 -> the whole row
+    gen = torch.Generator().manual_seed(11)
+    row = torch.randn(600, generator=gen) * 2
+    ref = sampler.apply_min_p(row[None].clone(), torch.tensor([min_p]))[0] if min_p else row.clone()
+    p = sampler.filter_top_k_top_p(ref, top_k, top_p).softmax(-1)
+    n = 6000
+    counts = torch.zeros(600)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n):
+        counts[sampler.draw_filtered(row, top_k, top_p, min_p, g)] += 1
+    assert counts[p == 0].sum() == 0
+    assert ((counts - n * p).abs() <= 5 * (n * p * (1 - p)).sqrt() + 4).all()
+
+
+def test_sample_with_top_p_tiny_keeps_the_top_token_and_seeded_rows_ignore_the_batch():
+    """Through `sample`: top_p below float32's smallest value draws the top token; a seeded top-p / top-k row
+    draws the same token alone and among other rows."""
+    torch.manual_seed(2)
+    logits = torch.randn(3, 500) * 3
+    params = [P(temperature=1.0, top_p=1e-46), P(temperature=0.7, top_p=0.9, top_k=50), P(temperature=1.0)]
+    seeded = [None, torch.Generator().manual_seed(4), None]
+    out = sample(logits.clone(), params, seeded, [[0]] * 3)
+    alone = sample(logits[1:2].clone(), params[1:2], [torch.Generator().manual_seed(4)], [[0]])
+    assert out.token_ids[0] == int(logits[0].argmax()) and out.token_ids[1] == alone.token_ids[0] and not out.errors
