@@ -3,15 +3,24 @@
     HF_HUB_OFFLINE=1 python scripts/bench/serve.py                       # keel's demo model, bf16
     HF_HUB_OFFLINE=1 python scripts/bench/serve.py --clients 1 8 --repeats 3
     HF_HUB_OFFLINE=1 python scripts/bench/serve.py --skip-throughput --skip-prefix --logprobs 5 --json-schema
+    HF_HUB_OFFLINE=1 python scripts/bench/serve.py --clients 1 8 --requests-per-client 4 --new-tokens 64 \
+        --temperature 1.0 --skip-prefix --baseline /tmp/main-export   # issue 27's load, before / after
 
-Throughput: N concurrent streaming clients (default 1, 8, 32), each sending one of the prompts of
-scripts/bench/generate.py (random token ids, --prompt-len tokens, --new-tokens output tokens with
-ignore_eos) to /v1/completions; output tokens/s = all output tokens / wall time from the first send to the
+Throughput: N concurrent streaming clients (default 1, 8, 32), each sending --requests-per-client prompts
+of scripts/bench/generate.py one after the other (random token ids, --prompt-len tokens, --new-tokens
+output tokens with ignore_eos, --temperature: 0 greedy, 1.0 what guidellm's requests get, as they name
+none) to /v1/completions; output tokens/s = all output tokens / wall time from the first send to the
 last token. Offline: `LLM.generate` of the same N prompts in this process (the server runs in its own
 process, `keel serve`, started by this script). Measurements alternate offline / server and the best of
 --repeats is kept (shared CPUs are noisy); TTFT and inter-token latency come from the best server run.
 CPU seconds per 1k output tokens (the server process's, from /proc; the offline process's) is the figure
-that an oversubscribed machine distorts least.
+that an oversubscribed machine distorts least. The server's CPU is also split by thread (Linux): `engine`
+(the engine thread and its OpenMP workers, OS name keel-engine), `loop` (the main thread: the event loop,
+HTTP, SSE) and `other` (tokenizer and grammar workers), in cores busy (CPU s / wall s).
+
+--baseline SRC also starts a server from the source tree SRC (its PYTHONPATH, e.g. an export of main with
+its native libraries) and alternates it with this checkout's server in the same run: the second table is
+this checkout's figures over the baseline's.
 
 Prefix caching: a chat of about --chat-tokens tokens (system + user turn), one answer, then a second user
 turn; the second turn's time to first token on a server with prefix caching against one started with
@@ -112,12 +121,15 @@ async def stream(port: int, path: str, body: dict) -> Timing:
     return t
 
 
-def start_server(args: argparse.Namespace, *extra: str) -> tuple[Server, int]:
-    """`keel serve` of --model and --dtype (its output on this console); the server and its port."""
+def start_server(args: argparse.Namespace, *extra: str, source: str | None = None) -> tuple[Server, int]:
+    """`keel serve` of --model and --dtype (its output on this console), from the source tree `source` (its
+    PYTHONPATH) when given; the server and its port."""
+    env = None if source is None else {**os.environ, "PYTHONPATH": source}
     server = keel_dev.server.start_server(
         ["--model", args.model, "--dtype", args.dtype, "--served-model-name", "m", "--log-level", "warning", *extra],
         timeout_s=600,
         output="inherit",
+        env=env,
     )
     return server, server.port
 
@@ -133,6 +145,25 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a `keel serve` process by thread group: engine (OS name keel-engine: the engine thread
+    and the OpenMP workers it started), loop (the main thread), other (Linux /proc; {} elsewhere)."""
+    out = {"engine": 0.0, "loop": 0.0, "other": 0.0}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return {}
+    for task in tasks:
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        group = "loop" if task.name == str(pid) else "engine" if name == "keel-engine" else "other"
+        out[group] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 # what --json-schema asks for: a record with a list, so the output has room to be long
 BENCH_SCHEMA = {
     "type": "object",
@@ -146,19 +177,35 @@ BENCH_SCHEMA = {
 
 
 def server_run(
-    port: int, prompts: list[list[int]], new_tokens: int, pid: int | None = None, extra: dict | None = None
+    port: int,
+    prompts: list[list[int]],
+    new_tokens: int,
+    pid: int | None = None,
+    extra: dict | None = None,
+    clients: int | None = None,
+    temperature: float = 0.0,
 ) -> dict:
+    """`clients` concurrent streams (default: one per prompt), each sending its next prompt when its last
+    one is done, until every prompt is sent."""
     exact = not (extra and "response_format" in extra)  # a schema ends the output when the JSON is complete
+    body = {"model": "m", "max_tokens": new_tokens, "temperature": temperature, "ignore_eos": exact, **(extra or {})}
+
+    async def client(todo: list[list[int]], timings: list[Timing]) -> None:
+        while todo:
+            prompt = todo.pop(0)
+            timings.append(await stream(port, "/v1/completions", {**body, "prompt": prompt}))
 
     async def run() -> tuple[float, list[Timing]]:
         t0 = time.perf_counter()
-        body = {"model": "m", "max_tokens": new_tokens, "temperature": 0, "ignore_eos": exact, **(extra or {})}
-        timings = await asyncio.gather(*(stream(port, "/v1/completions", {**body, "prompt": p}) for p in prompts))
+        todo, timings = list(prompts), []
+        await asyncio.gather(*(client(todo, timings) for _ in range(clients or len(prompts))))
         return time.perf_counter() - t0, timings
 
     cpu0 = process_cpu_s(pid) if pid else 0.0
+    threads0 = thread_cpu_s(pid) if pid else {}
     wall, timings = asyncio.run(run())
     cpu = process_cpu_s(pid) - cpu0 if pid else float("nan")
+    threads1 = thread_cpu_s(pid) if pid else {}
     tokens = sum(t.usage["completion_tokens"] for t in timings)
     assert tokens == len(prompts) * new_tokens or not exact, tokens
     if not exact:
@@ -174,14 +221,20 @@ def server_run(
         "ttft": [t.ttft_s for t in timings],
         "itl": gaps,
         "cpu_per_ktok": 1e3 * cpu / tokens,
+        "cores": {k: (threads1[k] - threads0.get(k, 0.0)) / wall for k in threads1},
     }
 
 
-def offline_run(llm, prompts: list[list[int]], new_tokens: int) -> dict:
+def cores_text(run: dict) -> str:
+    """A server run's cores busy by thread group, e.g. 'engine 1.10 loop 0.05 other 0.00'."""
+    return " ".join(f"{k} {v:.2f}" for k, v in run.get("cores", {}).items()) or "n/a"
+
+
+def offline_run(llm, prompts: list[list[int]], new_tokens: int, temperature: float = 0.0) -> dict:
     from keel.engine import SamplingParams
 
     t0, cpu0 = time.perf_counter(), time.process_time()
-    outs = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+    outs = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True, temperature=temperature))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     tokens = sum(len(o.token_ids) for o in outs)
     return {"tok_s": tokens / wall, "ttft": [o.ttft_s for o in outs], "cpu_per_ktok": 1e3 * cpu / tokens}
@@ -226,6 +279,9 @@ def main() -> None:
     p.add_argument("--logprobs", type=int, default=None, help="also time requests with logprobs: K")
     p.add_argument("--json-schema", action="store_true", help="also time requests constrained by a JSON schema")
     p.add_argument("--feature-clients", type=int, default=8)
+    p.add_argument("--requests-per-client", type=int, default=1, help="prompts each client sends in turn")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; 1.0: guidellm's (it sends none)")
+    p.add_argument("--baseline", default=None, help="source tree of a second server, alternated with this one")
     args = p.parse_args()
     if args.model is None:
         from keel.hf.resolve import DEFAULT_MODEL
@@ -240,45 +296,7 @@ def main() -> None:
         flush=True,
     )
     if not args.skip_throughput:
-        from keel.engine import LLM, SamplingParams
-
-        llm = LLM(args.model, dtype=args.dtype, progress=False)
-        vocab = llm.config.vocab_size
-        llm.generate(prompts_for(1, args.prompt_len, vocab), SamplingParams(max_tokens=8, ignore_eos=True))
-        server, port = start_server(args)
-        try:
-            server_run(port, prompts_for(1, args.prompt_len, vocab), 8)  # warm-up
-            rows = []
-            for n in args.clients:
-                prompts = prompts_for(n, args.prompt_len, vocab)
-                best_off, best_srv = None, None
-                for _ in range(args.repeats):
-                    off = offline_run(llm, prompts, args.new_tokens)
-                    srv = server_run(port, prompts, args.new_tokens, server.proc.pid)
-                    best_off = off if best_off is None or off["tok_s"] > best_off["tok_s"] else best_off
-                    best_srv = srv if best_srv is None or srv["tok_s"] > best_srv["tok_s"] else best_srv
-                    print(
-                        f"  clients {n}: offline {off['tok_s']:.1f} tok/s ({off['cpu_per_ktok']:.2f} CPU s per 1k "
-                        f"tokens), server {srv['tok_s']:.1f} tok/s ({srv['cpu_per_ktok']:.2f})",
-                        flush=True,
-                    )
-                rows.append((n, best_off, best_srv))
-        finally:
-            server.stop()
-        print(
-            "\n| clients | offline tok/s | server tok/s | server / offline | CPU s / 1k tok offline | server "
-            "| TTFT p50 ms | TTFT p99 ms | offline TTFT p50 ms | ITL p50 ms | ITL p99 ms |"
-        )
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for n, off, srv in rows:
-            print(
-                f"| {n} | {off['tok_s']:.1f} | {srv['tok_s']:.1f} | {srv['tok_s'] / off['tok_s']:.2f} "
-                f"| {off['cpu_per_ktok']:.2f} | {srv['cpu_per_ktok']:.2f} "
-                f"| {1e3 * pct(srv['ttft'], 0.5):.0f} | {1e3 * pct(srv['ttft'], 0.99):.0f} "
-                f"| {1e3 * pct(off['ttft'], 0.5):.0f} | {1e3 * pct(srv['itl'], 0.5):.1f} "
-                f"| {1e3 * pct(srv['itl'], 0.99):.1f} |"
-            )
-        del llm
+        throughput(args)
     if args.logprobs is not None or args.json_schema:
         feature_runs(args)
     if not args.skip_prefix:
@@ -297,6 +315,81 @@ def main() -> None:
             med[label] = statistics.median(r[0] for r in runs)
             print(f"| {label} | {runs[-1][1]} | {runs[-1][2]} | {1e3 * med[label]:.0f} |")
         print(f"speed-up of turn-2 TTFT with prefix caching: {med['no prefix caching'] / med['prefix caching']:.1f}x")
+
+
+def throughput(args: argparse.Namespace) -> None:
+    """Offline vs server (and --baseline's server) at each --clients, alternating, best of --repeats."""
+    from keel.engine import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, progress=False)
+    vocab = llm.config.vocab_size
+    llm.generate(prompts_for(1, args.prompt_len, vocab), SamplingParams(max_tokens=8, ignore_eos=True))
+    servers = {"server": start_server(args)}
+    rows = []
+    try:
+        if args.baseline:
+            servers["baseline"] = start_server(args, source=args.baseline)
+        for _server, port in servers.values():
+            server_run(port, prompts_for(1, args.prompt_len, vocab), 8)  # warm-up
+        for n in args.clients:
+            prompts = prompts_for(n * args.requests_per_client, args.prompt_len, vocab)
+            best: dict[str, dict] = {}
+            for r in range(args.repeats):
+                runs = {"offline": offline_run(llm, prompts[:n], args.new_tokens, args.temperature)}
+                for label in list(servers) if r % 2 == 0 else list(servers)[::-1]:
+                    server, port = servers[label]
+                    runs[label] = server_run(
+                        port, prompts, args.new_tokens, server.proc.pid, clients=n, temperature=args.temperature
+                    )
+                for label, run in runs.items():
+                    if label not in best or run["tok_s"] > best[label]["tok_s"]:
+                        best[label] = run
+                print(
+                    f"  clients {n}: "
+                    + ", ".join(
+                        f"{label} {run['tok_s']:.1f} tok/s ({run['cpu_per_ktok']:.2f} CPU s per 1k tokens"
+                        + (f"; cores {cores_text(run)})" if "cores" in run else ")")
+                        for label, run in runs.items()
+                    ),
+                    flush=True,
+                )
+            rows.append((n, best))
+    finally:
+        for server, _port in servers.values():
+            server.stop()
+    print(
+        f"\n{args.requests_per_client} request(s) per client, temperature {args.temperature:g}; best of "
+        f"{args.repeats} (offline: one request per client)"
+    )
+    print(
+        "| clients | offline tok/s | server tok/s | server / offline | CPU s / 1k tok offline | server "
+        "| TTFT p50 ms | TTFT p99 ms | offline TTFT p50 ms | ITL p50 ms | ITL p99 ms | server cores busy |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for n, best in rows:
+        off, srv = best["offline"], best["server"]
+        print(
+            f"| {n} | {off['tok_s']:.1f} | {srv['tok_s']:.1f} | {srv['tok_s'] / off['tok_s']:.2f} "
+            f"| {off['cpu_per_ktok']:.2f} | {srv['cpu_per_ktok']:.2f} "
+            f"| {1e3 * pct(srv['ttft'], 0.5):.0f} | {1e3 * pct(srv['ttft'], 0.99):.0f} "
+            f"| {1e3 * pct(off['ttft'], 0.5):.0f} | {1e3 * pct(srv['itl'], 0.5):.1f} "
+            f"| {1e3 * pct(srv['itl'], 0.99):.1f} | {cores_text(srv)} |"
+        )
+    if args.baseline:
+        print(f"\nthis checkout over the baseline ({args.baseline}), best run of each:")
+        print(
+            "| clients | tok/s | baseline | ratio | TTFT p50 ms | baseline | ITL p50 ms | baseline "
+            "| CPU s / 1k tok | baseline | cores busy | baseline |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+        for n, best in rows:
+            srv, base = best["server"], best["baseline"]
+            print(
+                f"| {n} | {srv['tok_s']:.1f} | {base['tok_s']:.1f} | {srv['tok_s'] / base['tok_s']:.2f} "
+                f"| {1e3 * pct(srv['ttft'], 0.5):.0f} | {1e3 * pct(base['ttft'], 0.5):.0f} "
+                f"| {1e3 * pct(srv['itl'], 0.5):.1f} | {1e3 * pct(base['itl'], 0.5):.1f} "
+                f"| {srv['cpu_per_ktok']:.2f} | {base['cpu_per_ktok']:.2f} | {cores_text(srv)} | {cores_text(base)} |"
+            )
 
 
 def feature_runs(args: argparse.Namespace) -> None:

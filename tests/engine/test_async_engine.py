@@ -5,7 +5,10 @@ aborts it in the engine. A fake engine here: no model, no HTTP."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +74,19 @@ def test_outputs_admission_and_abort():
     finally:
         engine.shutdown()
     assert not engine.alive and engine.error is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OS thread names are read from /proc (Linux)")
+def test_engine_thread_has_its_os_name():
+    """The engine thread is `keel-engine` to the OS (/proc/<pid>/task/<tid>/comm, `top -H`), so a per-thread
+    CPU split of `keel serve` tells it from the event loop."""
+    engine = AsyncEngine(CountdownEngine(), max_admitted=2)
+    try:
+        deadline = time.monotonic() + 5
+        tid = engine._thread.native_id
+        while Path(f"/proc/self/task/{tid}/comm").read_text().strip() != "keel-engine":
+            assert time.monotonic() < deadline, "the engine thread never took its OS name"
+            time.sleep(0.01)
+        assert Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip() != "keel-engine"
+    finally:
+        engine.shutdown()

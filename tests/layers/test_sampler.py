@@ -220,3 +220,101 @@ def test_a_row_that_cannot_be_sampled_fails_alone():
     assert sorted(out.errors) == [1, 3, 5, 6]
     assert all(out.token_ids[r] == -1 and out.logprobs[r] is None for r in out.errors)
     assert "outside [0, 8)" in out.errors[5] and "NaN" in out.errors[1] and "NaN" in out.errors[6]
+
+
+@pytest.mark.parametrize("vocab", [8, 1000, 4096])  # one cumulative sum; two levels (chunks of 128)
+def test_draw_follows_the_distribution_and_never_picks_a_zero_weight(vocab):
+    """`draw` (inverse transform sampling) against the exact probabilities: 20000 draws of one row whose
+    weights are unnormalized and have zeros; every frequency within 5 standard deviations of its expectation
+    (plus 4 draws: a token expected 0.01 times may come once or twice), the frequencies of every 64 tokens
+    within 5 standard deviations, no zero-weight token ever drawn."""
+    from keel.layers.sampler import draw
+
+    gen = torch.Generator().manual_seed(5)
+    w = torch.rand(vocab, generator=gen) ** 4 * 3.0  # skewed, sums to far from 1
+    w[torch.randperm(vocab, generator=gen)[: vocab // 4]] = 0.0
+    w[0] = w[-1] = 0.0  # the first and the last token (the edges of both levels)
+    n = 20000
+    rows = w.repeat(500, 1)
+    counts = torch.zeros(vocab)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n // 500):
+        for t in draw(rows.clone(), [g] * 500):
+            counts[t] += 1
+    assert counts[w == 0].sum() == 0
+    p = w / w.sum()
+    sd = (n * p * (1 - p)).sqrt()
+    assert ((counts - n * p).abs() <= 5 * sd + 4).all()
+    if vocab % 64 == 0:
+        pb, cb = p.view(-1, 64).sum(-1), counts.view(-1, 64).sum(-1)
+        assert ((cb - n * pb).abs() <= 5 * (n * pb * (1 - pb)).sqrt()).all()
+
+
+def test_draw_rows_depend_on_their_own_weights_and_generator_only():
+    """A seeded row draws the same token whatever the other rows are (the batch cannot change a seeded
+    request's tokens), and the same seed draws the same tokens again."""
+    from keel.layers.sampler import draw
+
+    torch.manual_seed(3)
+    w = torch.rand(6, 1024)
+    alone = [draw(w[2:3].clone(), [torch.Generator().manual_seed(9)])[0] for _ in range(3)]
+    batch = draw(w.clone(), [None, None, torch.Generator().manual_seed(9), None, None, None])
+    assert alone == [alone[0]] * 3 and batch[2] == alone[0]
+
+
+def test_draw_target_rounding_to_the_total_picks_the_last_positive_weight(monkeypatch):
+    """A uniform that rounds u times the total up to the total (the end of the last chunk) still draws a
+    token of positive weight: the last one."""
+    import keel.layers.sampler as sampler
+
+    w = torch.zeros(2, 1024)
+    w[0, 700] = w[0, 5] = 1.0
+    w[1, 3] = 2.0
+    monkeypatch.setattr(sampler.torch, "rand", lambda n, **kw: torch.full((n,), 1.0, dtype=torch.float64))
+    assert sampler.draw(w, [None, None]) == [700, 3]
+    assert sampler.draw(w[:, :8].contiguous(), [None, None]) == [5, 3]  # one level (vocab under 4 chunks)
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "min_p"),
+    [
+        (20, 1.0, 0.0),
+        (0, 0.9, 0.0),
+        (0, 0.999, 0.0),
+        (40, 0.8, 0.0),
+        (0, 0.9, 0.02),
+        (30, 1.0, 0.05),
+        (0, 1.0, 0.2),
+        (0, 0.97, 0.2),
+    ],
+)
+def test_filtered_draw_follows_min_p_top_k_top_p(monkeypatch, top_k, top_p, min_p):
+    """`draw_filtered` (candidates from topk, growing past `TOP_P_CANDIDATES` when they hold less than top_p)
+    draws from the distribution that `apply_min_p` then `filter_top_k_top_p` then softmax define: no token
+    outside it, every frequency within 5 standard deviations (plus 4) of its probability."""
+    import keel.layers.sampler as sampler
+
+    monkeypatch.setattr(sampler, "TOP_P_CANDIDATES", 16)  # (0, 0.999): 16 -> 64 -> 256 -> the whole row
+    gen = torch.Generator().manual_seed(11)
+    row = torch.randn(600, generator=gen) * 2
+    ref = sampler.apply_min_p(row[None].clone(), torch.tensor([min_p]))[0] if min_p else row.clone()
+    p = sampler.filter_top_k_top_p(ref, top_k, top_p).softmax(-1)
+    n = 6000
+    counts = torch.zeros(600)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n):
+        counts[sampler.draw_filtered(row, top_k, top_p, min_p, g)] += 1
+    assert counts[p == 0].sum() == 0
+    assert ((counts - n * p).abs() <= 5 * (n * p * (1 - p)).sqrt() + 4).all()
+
+
+def test_sample_with_top_p_tiny_keeps_the_top_token_and_seeded_rows_ignore_the_batch():
+    """Through `sample`: top_p below float32's smallest value draws the top token; a seeded top-p / top-k row
+    draws the same token alone and among other rows."""
+    torch.manual_seed(2)
+    logits = torch.randn(3, 500) * 3
+    params = [P(temperature=1.0, top_p=1e-46), P(temperature=0.7, top_p=0.9, top_k=50), P(temperature=1.0)]
+    seeded = [None, torch.Generator().manual_seed(4), None]
+    out = sample(logits.clone(), params, seeded, [[0]] * 3)
+    alone = sample(logits[1:2].clone(), params[1:2], [torch.Generator().manual_seed(4)], [[0]])
+    assert out.token_ids[0] == int(logits[0].argmax()) and out.token_ids[1] == alone.token_ids[0] and not out.errors
