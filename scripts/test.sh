@@ -3,7 +3,7 @@
 #   1. environment .venv with torch 2.13.0 (CPU), build and test requirements, keel-dev (scripts/keel_dev)
 #   2. build the abi3 wheel (audited) and install it
 #   3. pytest against the installed wheel (the source tree is not on sys.path): the whole suite
-# Extra arguments go to pytest, e.g. scripts/test.sh tests/ops -x
+# Extra arguments go to pytest, e.g. scripts/test.sh tests/ops -x (KEEL_TEST_WORKERS=1: no worker processes)
 #
 #   scripts/test.sh --quick [PYTEST ARGS]   the quick tier (docs/testing.md): pytest -m "not slow", and no
 #       rebuild when the wheel's native inputs (csrc, adapters, vendored_deps, third_party, CMake, setup.py,
@@ -85,9 +85,17 @@ bash "$KEEL_ROOT/scripts/release/build_wheel.sh" "$VENV"
 fi
 
 cd "$KEEL_ROOT"
+# pytest-xdist: one worker per core (at most 4; KEEL_TEST_WORKERS=N overrides, 1 runs in this process); a test
+# file's tests stay on one worker (--dist loadfile), so its module fixtures (a server, a model) are made once.
+workers="${KEEL_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+[ "$workers" -gt 4 ] 2>/dev/null && workers=4
+parallel=()
+if [ "$workers" -gt 1 ] 2>/dev/null; then
+  parallel=(-n "$workers" --dist loadfile)
+fi
 # `pytest` (not `python -m pytest`): the repository root stays off sys.path, so the
 # installed wheel is what the tests import.
 if [ "$QUICK" = 1 ]; then
-  exec "$VENV/bin/pytest" -q -m "not slow" "$@"
+  exec "$VENV/bin/pytest" -q "${parallel[@]}" -m "not slow" "$@"
 fi
-exec "$VENV/bin/pytest" -q "$@"
+exec "$VENV/bin/pytest" -q "${parallel[@]}" "$@"
