@@ -50,7 +50,8 @@ native="$(hash_of csrc adapters vendored_deps third_party CMakeLists.txt cmake s
 if [ "$QUICK" = 1 ] && [ "$(cat "$BUILD_STAMP" 2>/dev/null)" = "$native" ] \
   && "$PY" -c "import importlib.metadata as m; m.distribution('keel')" 2>/dev/null; then
   echo "== quick: the installed wheel's native libraries are up to date; copying keel's Python files over it"
-  "$PY" - "$KEEL_ROOT/keel" <<'EOF'
+  # from / (not the checkout): `python -` puts the working folder first on sys.path, where `keel` is the source
+  (cd / && "$PY" - "$KEEL_ROOT/keel") <<'EOF'
 import filecmp, importlib.util, shutil, sys
 from pathlib import Path
 
