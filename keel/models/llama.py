@@ -131,11 +131,13 @@ def flat_forward(model: LlamaModel) -> Callable[[torch.Tensor, torch.Tensor, Att
     for layer in model.layers:
         a: Attention = layer.self_attn  # type: ignore[assignment]
         mlp: MLP = layer.mlp  # type: ignore[assignment]
+        in_norm: RMSNorm = layer.input_layernorm  # type: ignore[assignment]
+        post_norm: RMSNorm = layer.post_attention_layernorm  # type: ignore[assignment]
         qk = (a.q_norm.weight, a.q_norm.eps, a.k_norm.weight, a.k_norm.eps) if a.qk_norm else None
         layers.append(
             (
-                (layer.input_layernorm.weight, layer.input_layernorm.eps),
-                (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps),
+                (in_norm.weight, in_norm.eps),
+                (post_norm.weight, post_norm.eps),
                 projection_fn(a.qkv_proj),
                 projection_fn(a.o_proj),
                 projection_fn(mlp.gate_up_proj),
