@@ -48,6 +48,14 @@ def below_autograd() -> contextlib.AbstractContextManager[Any]:
     return guard()
 
 
+def op_entry(overload: Any) -> Callable[..., Any]:
+    """The callable behind a `torch.ops.ns.op.overload` object (its private `_op`: the C++ entry that
+    `OpOverload.__call__` forwards to, one Python frame less per call, for a model's inner loop). Fallback:
+    the overload object itself (the same call through `OpOverload.__call__`)."""
+    entry = private(overload, "_op")
+    return entry if callable(entry) else overload
+
+
 def mkldnn_prepack_linear(weight: torch.Tensor, batch_hint: int) -> torch.Tensor | None:
     """oneDNN's blocked copy of a linear `weight` (torch.ops.mkldnn._reorder_linear_weight), or
     None when this torch has no such op or it refuses the weight (callers then use F.linear)."""

@@ -232,8 +232,9 @@ KEEL_AVX512 void cols_avx512(const Fp8LinearParams& p, int64_t begin, int64_t en
 // weights); vdpbf16ps then does 32 multiply-adds per instruction (products exact, fp32 sums) against x's
 // bf16 copy scaled by 2^e (p.x16), which keeps the products far from fp32's subnormals. e4m3 subnormals
 // would become bf16 subnormals, which vdpbf16ps reads as zero, and NaN bytes would become finite numbers:
-// a block holding either (or a zero byte: the test is one compare on (b & 0x7F) + 1 <= 8) goes through the
-// exact fp16 decode instead. Per block: acc = dpbf16 over the 4 32-wide pieces in order, total += acc * s.
+// a block holding either goes through the exact fp16 decode instead. Zero bytes (+-0) decode to bf16 +-0 and
+// stay on the bf16 path: with u = ((b + 1) & 0x7F), a byte is special when u <= 8 and u != 1 (u = 0: NaN,
+// 2..8: subnormal, 1: zero). Per block: acc = dpbf16 over the 4 32-wide pieces in order, total += acc * s.
 #define KEEL_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 template <bool kFull>
@@ -243,13 +244,17 @@ KEEL_AVX512BF16 KEEL_KINLINE __mmask32 piece_mask(int64_t left, int j) {
   return n >= 32 ? ~__mmask32{0} : n <= 0 ? __mmask32{0} : (__mmask32{1} << n) - 1;
 }
 
+// Bytes of `raw` (among `m`) that the bf16 decode cannot take: subnormal or NaN (zeros are fine), see above.
+KEEL_AVX512BF16 KEEL_KINLINE __mmask64 special_bytes(__mmask64 m, __m512i raw) {
+  const __m512i one = _mm512_set1_epi8(1);
+  const __m512i u = _mm512_and_si512(_mm512_add_epi8(raw, one), _mm512_set1_epi8(0x7F));
+  return _mm512_mask_cmple_epu8_mask(m & _mm512_cmpneq_epi8_mask(u, one), u, _mm512_set1_epi8(8));
+}
+
 // 128 bytes of a weight row -> 4 bf16 vectors (masked past `left`); returns false when a byte needs the
-// exact path (zero, subnormal or NaN)
+// exact path (subnormal or NaN)
 template <bool kFull>
 KEEL_AVX512BF16 KEEL_KINLINE bool decode_block_bf16(const uint8_t* src, int64_t left, __m512bh* w) {
-  const __m512i one = _mm512_set1_epi8(1);
-  const __m512i low7 = _mm512_set1_epi8(0x7F);
-  const __m512i eight = _mm512_set1_epi8(8);
   const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0));
   __mmask64 special = 0;
   if (kFull) {
@@ -257,8 +262,7 @@ KEEL_AVX512BF16 KEEL_KINLINE bool decode_block_bf16(const uint8_t* src, int64_t 
     _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes + 64), _MM_HINT_T0);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {  // the test on 64 bytes at a time, the decode on 32
-      const __m512i raw = _mm512_loadu_si512(src + 64 * h);
-      special |= _mm512_cmple_epu8_mask(_mm512_and_si512(_mm512_add_epi8(raw, one), low7), eight);
+      special |= special_bytes(~__mmask64{0}, _mm512_loadu_si512(src + 64 * h));
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
@@ -271,8 +275,7 @@ KEEL_AVX512BF16 KEEL_KINLINE bool decode_block_bf16(const uint8_t* src, int64_t 
   for (int j = 0; j < 4; ++j) {
     const __mmask32 m = piece_mask<kFull>(left, j);
     const __m256i raw = _mm256_maskz_loadu_epi8(m, src + 32 * j);
-    special |= _mm512_mask_cmple_epu8_mask(m, _mm512_and_si512(_mm512_add_epi8(_mm512_castsi256_si512(raw), one), low7),
-                                           eight);
+    special |= special_bytes(m, _mm512_castsi256_si512(raw));
     w[j] = (__m512bh)_mm512_and_si512(_mm512_slli_epi16(_mm512_cvtepi8_epi16(raw), 4), keep);
   }
   return special == 0;
@@ -341,14 +344,16 @@ KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int
 }
 
 // Decode (one row of x): kRows weight rows per pass. Each x piece is loaded once for all of them, the kRows
-// dot-product chains are independent, and the test for bytes the bf16 decode cannot take runs over whole
+// dot-product chains are independent, and a cheap test for bytes the bf16 decode may not take runs over whole
 // rows on the side (per 64 bytes: u = ((b + 1) & 0x7F), kept as a running minimum; u <= 8 marks a zero,
-// subnormal or NaN byte, the per-block test of block_bf16). A row that holds such a byte is computed again
-// by cols_bf16_impl<1>, so every row's result is exactly that function's: the same per-block sums in the
-// same order, the same 16-lane tree (three hadds give hsum8's (v0+v4)+(v1+v5) + (v2+v6)+(v3+v7) for four
-// rows at once). The tail block is read unmasked (x is zero past k, and bytes past k are finite once
-// decoded, so they add zeros; a NaN or subnormal byte there only sends the row to the exact pass), which
-// needs kp bytes readable from every row of the group: the caller checks it.
+// subnormal or NaN byte). A row it marks (a few % of real rows hold a zero byte) is scanned again for the
+// subnormal or NaN bytes of block_bf16's test among its k bytes (zeros are fine), and only a row that holds
+// one is computed again by cols_bf16_impl<1> (before, every marked row was: about 1.5x the time of a token's
+// projections on SmolLM2-shaped weights, docs/measurements/2026-12-02-decode-step.md). So every row's result
+// is exactly that function's: the same per-block sums in the same order, the same 16-lane tree (three hadds
+// give hsum8's (v0+v4)+(v1+v5) + (v2+v6)+(v3+v7) for four rows at once). The tail block is read unmasked (x
+// is zero past k, and bytes past k are finite once decoded, so they add zeros, and the second scan stops at
+// k), which needs kp bytes readable from every row of the group: the caller checks it.
 constexpr int kDecodeRows = 4;
 
 // (v0+v8 .. v7+v15), then its two 4-lane halves added: b[i] = (v[i] + v[i+8]) + (v[i+4] + v[i+12])
@@ -362,6 +367,16 @@ KEEL_AVX512BF16 KEEL_KINLINE __m128 fold16(__m512 v) {
 // hsum16 of four vectors at once, lane j = hsum16 of the j-th: (b0 + b1) + (b2 + b3) of each fold16
 KEEL_AVX512BF16 KEEL_KINLINE __m128 hsum16x4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_hadd_ps(_mm_hadd_ps(fold16(a), fold16(b)), _mm_hadd_ps(fold16(c), fold16(d)));
+}
+
+// Whether the k bytes at `src` hold a byte block_bf16 sends to the exact decode (subnormal or NaN).
+KEEL_AVX512BF16 bool row_has_special(const uint8_t* src, int64_t k) {
+  for (int64_t i = 0; i < k; i += 64) {
+    const int64_t n = k - i;
+    const __mmask64 m = n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
+    if (special_bytes(m, _mm512_maskz_loadu_epi8(m, src + i)) != 0) return true;
+  }
+  return false;
 }
 
 KEEL_AVX512BF16 void rows_bf16_m1(const Fp8LinearParams& p, int64_t r0) {
@@ -414,7 +429,9 @@ KEEL_AVX512BF16 void rows_bf16_m1(const Fp8LinearParams& p, int64_t r0) {
   const __m512i eight = _mm512_set1_epi8(8);
 #pragma GCC unroll 4
   for (int j = 0; j < R; ++j) {
-    if (_mm512_cmple_epu8_mask(low[j], eight) != 0) {  // a zero, subnormal or NaN byte: the exact pass
+    // a zero, subnormal or NaN byte somewhere in the row (or past k in its tail block): a subnormal or NaN
+    // byte among its k bytes sends it to the exact pass
+    if (_mm512_cmple_epu8_mask(low[j], eight) != 0 && row_has_special(w0 + j * p.w_row, p.k)) {
       cols_bf16_impl<1>(p, r0 + j, r0 + j + 1);
     } else {
       store_any(p, 0, r0 + j, sums[j], false);

@@ -66,6 +66,7 @@ class ModelRunner:
         if cpu_prepack and can_pack(weight):
             pack_linears(model)
         keel_linears(model)  # whatever is still a plain nn.Linear
+        model.flatten()  # forward through one flat function over the layers as they now are (models/llama.py)
         self.block_size = block_size
         self.attention = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self.num_kv_blocks = 0

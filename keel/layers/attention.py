@@ -10,12 +10,14 @@ kernels; for those the context rows are gathered into packed K/V for the same va
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from keel import ops
+from keel import _compat, ops
 from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
 
@@ -120,3 +122,29 @@ class PagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> torch.Tensor:
         """q [T, H, D], new k/v [T, KV, D] -> [T, H, D]."""
         return paged_attention(q, k, v, self.k_cache, self.v_cache, md, scale=self.scale, window=self.window)
+
+
+def decode_attention_fn(
+    attn: PagedAttention,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttnMetadata], torch.Tensor]:
+    """`attn`'s forward as a plain function for a model's flat forward (keel.models.llama.flat_forward): the same
+    ops with the same arguments as `paged_attention`, a decode step's two op calls made straight through their
+    C++ entries (the cache write, then the kernel `flash_attn_with_kvcache` calls, its options fixed once here).
+    The K/V pools are read from `attn` at every call (the model runner grows them)."""
+    cache_write = _compat.op_entry(torch.ops.keel.reshape_and_cache.default)
+    fwd_kvcache = _compat.op_entry(torch.ops.keel_flash_attn.fwd_kvcache.default)
+    scale, window = attn.scale, attn.window
+    left, right = _window_size(window)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> torch.Tensor:
+        k_cache, v_cache = attn.k_cache, attn.v_cache
+        if md.max_seqlen_q != 1 or md.context_slots is not None or q.stride(-1) != 1:
+            return paged_attention(q, k, v, k_cache, v_cache, md, scale=scale, window=window)
+        cache_write(k, v, k_cache, v_cache, md.slot_mapping)
+        b, h, d = q.shape
+        s = 1.0 / math.sqrt(d) if scale is None else float(scale)  # (flash_attn's default scale)
+        out = fwd_kvcache(q.view(b, 1, h, d), k_cache, v_cache, md.seqused_k, md.block_tables, s, True, left, right,
+                          0.0, 0)  # fmt: skip
+        return out.view(b, h, d)
+
+    return attend

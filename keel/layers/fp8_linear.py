@@ -10,6 +10,8 @@ table (a tied lm_head gets its own FP8 copy)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -75,6 +77,20 @@ class Fp8Linear(nn.Module):
         if self.bias is not None:
             out += self.bias
         return out.to(x.dtype).view(*shape[:-1], self.out_features)
+
+    def step_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`forward` as a plain function for a model's flat forward: on the CPU, `keel.ops.fp8_linear` (looked up
+        at each call, as in forward) with the FP8 weight captured; elsewhere the bound `forward`."""
+        if self.qweight.device.type != "cpu":
+            return self.forward
+        qweight, scale, bias = self.qweight, self.weight_scale, self.bias
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            if x.device.type != "cpu":  # (forward's own refusal: the kernel names the device mismatch)
+                return self.forward(x)
+            return ops.fp8_linear(x, qweight, scale, bias)
+
+        return run
 
     def extra_repr(self) -> str:
         block = f"{self.recipe[1]}x{self.recipe[2]}"

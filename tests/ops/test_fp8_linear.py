@@ -2,8 +2,8 @@
 
 Each ISA level runs in a child process (KEEL_CPU_ISA=base, avx2, auto): the baseline table decode, the AVX2
 F16C decode, and on an AVX-512 CPU the fp16 decode (fp32/fp16 x) and the AVX512-BF16 vdpbf16ps path (bf16 x),
-whose e4m3 subnormals, NaN bytes and zero bytes go through the exact decode and whose x is scaled per row by a
-power of two (tiny and huge rows included). Every level must round the fp32 sum once into the output dtype.
+whose blocks with e4m3 subnormals or NaN bytes go through the exact decode (zero bytes stay on the bf16 path) and
+whose x is scaled per row by a power of two (tiny and huge rows included). Every level must round the fp32 sum once into the output dtype.
 """
 
 from __future__ import annotations
@@ -167,6 +167,32 @@ def test_rows_do_not_depend_on_the_batch(dtype):
         assert torch.equal(ops.fp8_linear(x[i : i + 3], q, s, None)[:1], one)
         assert torch.equal(ops.fp8_linear(x[i : i + 5], q, s, None)[:1], full[i : i + 1])
         assert torch.equal(one, full[i : i + 1])
+
+
+@pytest.mark.parametrize("k", [576, 300])
+def test_rows_with_zero_subnormal_or_nan_bytes_do_not_depend_on_the_batch(k):
+    # the decode kernel marks rows holding a zero, subnormal or NaN byte, scans the marked ones again and
+    # computes only those with a subnormal or NaN byte again: each row must get the bits of the multi-row path,
+    # which decides per block; rows of zeros and plain bytes, of subnormals, of both, with a NaN, and rows whose
+    # special byte sits right after k (the next row's first byte, read by the unmasked tail)
+    g = torch.Generator().manual_seed(k)
+    q, s = quantize(torch.randn(64, k, generator=g))
+    b = q.view(torch.uint8).clone()
+    b[0:16, 5] = 0
+    b[8:16, 1] = 0x80  # -0
+    b[16:24, 9] = 0x03  # a subnormal
+    b[24:32, 2] = 0
+    b[24:32, k - 1] = 0x85  # a zero and a subnormal in the last (partial) block
+    b[32, 100] = 0x7F  # NaN
+    b[40:48, 0] = 0x02  # rows 39..46 end right before a subnormal byte
+    q = b.view(torch.float8_e4m3fn)
+    x = torch.randn(5, k, generator=g).bfloat16()
+    rows = ops.fp8_linear(x, q, s, None)
+    close(rows, x, q, s, None)
+    assert bool(rows[:, 32].isnan().all()) and not bool(rows[:, 33:].isnan().any())
+    for i in range(5):  # the same bits (NaN's included: int16 views)
+        one = ops.fp8_linear(x[i : i + 1], q, s, None)
+        assert torch.equal(one.view(torch.int16), rows[i : i + 1].view(torch.int16)), i
 
 
 def test_strided_and_3d_inputs():
