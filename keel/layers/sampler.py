@@ -508,9 +508,9 @@ def sample(
         out[b] = -1
     logprobs: list[RowLogprobs | None] = [None] * len(params)
     if raw is not None and errors:
-        keep = [j for j, b in enumerate(lp_rows) if b not in errors]
-        raw = raw[torch.tensor(keep, dtype=torch.long, device=raw.device)]
-        lp_rows = [lp_rows[j] for j in keep]
+        kept = [j for j, b in enumerate(lp_rows) if b not in errors]
+        raw = raw[torch.tensor(kept, dtype=torch.long, device=raw.device)]
+        lp_rows = [lp_rows[j] for j in kept]
     if raw is not None and lp_rows:
         ks = [params[b].logprobs or 0 for b in lp_rows]
         for b, row in zip(lp_rows, _logprobs(raw, [out[b] for b in lp_rows], ks), strict=True):
