@@ -90,8 +90,9 @@ class Replica:
 
 
 class HAProxy:
-    """HAProxy in front of fixed backend ports: active checks of readiness (`/v1/models`), a drained or
-    stopped replica taken out at once, and a request that met a 503 / a refused connection / an empty
+    """HAProxy in front of fixed backend ports: active checks of readiness (`/v1/models`) every
+    200 ms, a replica taken out after two failed checks (one check that is slow on a busy machine, up to 2 s,
+    does not take the last ready replica out), and a request that met a 503 / a refused connection / an empty
     response retried on another replica (`retry-on`, `option redispatch`)."""
 
     def __init__(self, ports: list[int], workdir: Path, port: int | None = None, check_ms: int = 200) -> None:
@@ -103,7 +104,7 @@ class HAProxy:
         workdir.mkdir(parents=True, exist_ok=True)
         self.config = workdir / "haproxy.cfg"
         servers = "\n".join(
-            f"    server r{i} 127.0.0.1:{p} check inter {check_ms} fall 1 rise 2" for i, p in enumerate(ports)
+            f"    server r{i} 127.0.0.1:{p} check inter {check_ms} fall 2 rise 2" for i, p in enumerate(ports)
         )
         self.config.write_text(
             f"""global
@@ -128,6 +129,7 @@ backend replicas
     balance leastconn
     option httpchk GET /v1/models
     http-check expect status 200
+    timeout check 2s
 {servers}
 """
         )
