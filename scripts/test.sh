@@ -94,7 +94,7 @@ parallel=()
 if [ "$workers" -gt 1 ] 2>/dev/null; then
   parallel=(-n "$workers" --dist loadfile)
   # Two workers' torch thread pools share the cores: OpenMP threads that spin while they wait take the CPU from
-  # the other worker (the whole suite: 466 s of pytest spinning, 356 s passive; docs/testing.md)
+  # the other worker (measured: docs/testing.md, "Where the time goes")
   export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 fi
 # `pytest` (not `python -m pytest`): the repository root stays off sys.path, so the
