@@ -174,16 +174,13 @@ def _status_bytes(pid: int, key: str) -> int:
     return 0
 
 
-def run_audit(args: list[str], limit: int = RSS_LIMIT, timeout: float = 300.0) -> Run:
-    """`python -m keel_audit ARGS` in a child process, killed when its RSS passes `limit` (so a
-    regression fails the test instead of exhausting the machine); peak RSS from /proc (VmHWM)."""
-    env = dict(os.environ)
-    root = str(Path(keel_audit.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+def run_bounded(
+    cmd: list[str], env: dict[str, str], limit: int, timeout: float, cwd: str | None = None
+) -> tuple[int, str, int, bool]:
+    """Run `cmd`, killed when its RSS passes `limit` bytes or `timeout` seconds pass: (exit code, stderr, peak
+    RSS from /proc (VmHWM), killed). keel's own tests (tests/support/bounded_child.py) run their children here."""
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "keel_audit", *args], stdout=subprocess.DEVNULL, stderr=err, env=env
-        )
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd)
         killed, peak = False, 0
         deadline = time.monotonic() + timeout
         while True:
@@ -197,5 +194,13 @@ def run_audit(args: list[str], limit: int = RSS_LIMIT, timeout: float = 300.0) -
             time.sleep(0.01)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        text = err.read().decode("utf-8", "replace")
-    return Run(proc.returncode, text, peak, killed)
+        return proc.returncode, err.read().decode("utf-8", "replace"), peak, killed
+
+
+def run_audit(args: list[str], limit: int = RSS_LIMIT, timeout: float = 300.0) -> Run:
+    """`python -m keel_audit ARGS` in a child process, killed when its RSS passes `limit` (so a
+    regression fails the test instead of exhausting the machine); peak RSS from /proc (VmHWM)."""
+    env = dict(os.environ)
+    root = str(Path(keel_audit.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return Run(*run_bounded([sys.executable, "-m", "keel_audit", *args], env, limit, timeout))

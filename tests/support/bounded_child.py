@@ -11,13 +11,12 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hostile_inputs import run_bounded  # audit/tests: the same RSS-bounded child runner
 
 GIB = 1 << 30
 RSS_LIMIT = GIB
@@ -47,48 +46,12 @@ class Child:
         return f"exit {self.rc}, peak RSS {self.peak_rss / (1 << 20):.0f} MiB{killed}: {self.stderr[-1500:]}"
 
 
-def _rss(pid: int) -> int:
-    return _status_bytes(pid, "VmRSS:")
-
-
-def _status_bytes(pid: int, key: str) -> int:
-    """A size line of /proc/PID/status in bytes (0 once the process is gone). VmHWM is the peak RSS of the
-    process's own address space: wait4's ru_maxrss is not, since exec records the RSS the forked parent had
-    (a pytest process holding models reports gigabytes for a child that used megabytes)."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def run_child(
     code: str, *args: str, env: dict[str, str] | None = None, limit: int = RSS_LIMIT, timeout: float = 180.0
 ) -> Child:
     """`python -c CODE ARGS...` with this environment (plus `env`), killed past `limit` bytes of RSS."""
     full_env = {**os.environ, **(env or {})}
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args], stdout=subprocess.DEVNULL, stderr=err, env=full_env, cwd="/"
-        )
-        killed, peak = False, 0
-        deadline = time.monotonic() + timeout
-        while True:
-            peak = max(peak, _status_bytes(proc.pid, "VmHWM:"))
-            pid, status, _usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if not killed and (_rss(proc.pid) > limit or time.monotonic() > deadline):
-                proc.kill()
-                killed = True
-            time.sleep(0.01)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        text = err.read().decode("utf-8", "replace")
-    return Child(proc.returncode, text, peak, killed)
+    return Child(*run_bounded([sys.executable, "-c", code, *args], full_env, limit, timeout, cwd="/"))
 
 
 def copy_checkpoint(src: Path, dst: Path) -> Path:
