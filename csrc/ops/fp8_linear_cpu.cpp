@@ -258,8 +258,8 @@ KEEL_AVX512BF16 KEEL_KINLINE bool decode_block_bf16(const uint8_t* src, int64_t 
   const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0));
   __mmask64 special = 0;
   if (kFull) {
-    _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(src + kFarPrefetchBytes), _MM_HINT_T2);
+    _mm_prefetch(reinterpret_cast<const char*>(src + kFarPrefetchBytes + 64), _MM_HINT_T2);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {  // the test on 64 bytes at a time, the decode on 32
       special |= special_bytes(~__mmask64{0}, _mm512_loadu_si512(src + 64 * h));

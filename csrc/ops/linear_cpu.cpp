@@ -1,7 +1,7 @@
 // keel/csrc/ops/linear_cpu.cpp
 // CPU kernel of keel::linear for few rows (compiled once per ISA, no torch header).
 // Each weight row is read front to back, once for all m rows: one sequential stream that the
-// hardware prefetcher follows, plus a software prefetch 8 KB ahead (how it compares with oneDNN's
+// hardware prefetcher follows, plus a software prefetch ahead (how it compares with oneDNN's
 // prepacked GEMV: docs/measurements/2026-12-01-generate-vs-transformers.md). Up to 4 x rows share each weight
 // load (more rows loop over groups of 4, re-reading the row from L1), with KU independent accumulators per row.
 //   AVX2 build: GCC vector extensions (ymm FMA; bf16 -> fp32 is a 16-bit shift); the baseline build
@@ -37,11 +37,11 @@ typedef float f32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
-constexpr int64_t kPrefetchBytes = 8192;  // how far ahead of the current weight column to prefetch
-// decode (AVX512-BF16) also asks for the lines 32 KB ahead into the outer caches (prefetcht2): a token's
-// projections with cold weights are faster with it (scripts/bench/projections.py;
-// docs/measurements/2026-12-02-llamacpp.md)
-constexpr int64_t kFarPrefetchBytes = 32768;
+constexpr int64_t kPrefetchBytes = 8192;  // how far ahead of the current weight column to prefetch (portable)
+// The AVX512-BF16 kernel asks for the weight lines 16 KB ahead into the outer caches (prefetcht2) and for none
+// into L1: on a Zen 4 (no AMX) a token's projections with cold weights ran 1.3x (1 row) to 1.8x (8 rows) faster
+// than with the former prefetcht0 8 KB ahead (docs/measurements/2026-12-02-prefetch.md)
+constexpr int64_t kFarPrefetchBytes = 16384;
 
 KEEL_KINLINE f32x8 load8(const float* p) {
   f32x8 v;
@@ -149,15 +149,15 @@ KEEL_AVX512BF16 KEEL_KINLINE float hsum16(__m512 v) {
 // MR x rows times NR weight rows, 32 columns a step, one accumulator per output (MR * NR independent dpbf16
 // chains), so each step loads MR + NR vectors for MR * NR dot-product steps. Every output is summed in the
 // same order whatever its tile (one fp32 accumulator over k, masked tail, then the 16-lane sum), so neither
-// the call's row count nor how rows and output features are split changes it. Decode (kFar: 1-3 x rows)
-// streams 4 weight rows side by side (4 chains per x row) and also asks for the lines 32 KB ahead into the
-// outer caches.
-template <int MR, int NR, bool kFar>
+// the call's row count nor how rows and output features are split changes it. Decode (1-3 x rows) takes one
+// weight row at a time (NR = 1), so the weight is read in address order; the chains of consecutive rows
+// overlap out of order.
+template <int MR, int NR>
 KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t r0) {
   const int64_t k = p.k;
   const uint16_t* x = static_cast<const uint16_t*>(p.x16) + m0 * k;
   const uint16_t* w = static_cast<const uint16_t*>(p.w) + r0 * p.w_row;
-  constexpr int64_t ahead = kPrefetchBytes / 2;
+  constexpr int64_t ahead = kFarPrefetchBytes / 2;
   __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m) {
@@ -169,8 +169,7 @@ KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t
     __m512bh wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + j * p.w_row + i + ahead), _MM_HINT_T0);
-      if (kFar) _mm_prefetch(reinterpret_cast<const char*>(w + j * p.w_row + i + kFarPrefetchBytes / 2), _MM_HINT_T2);
+      _mm_prefetch(reinterpret_cast<const char*>(w + j * p.w_row + i + ahead), _MM_HINT_T2);
       wv[j] = (__m512bh)_mm512_loadu_si512(w + j * p.w_row + i);
     }
 #pragma GCC unroll 8
@@ -204,36 +203,32 @@ KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t
 }
 
 // The x rows of one weight-row group [r0, r0 + NR): 4 at a time, then the remainder.
-template <int NR, bool kFar>
+template <int NR>
 KEEL_AVX512BF16 KEEL_KINLINE void rows_bf16(const LinearParams& p, int64_t r0) {
   int64_t m0 = 0;
-  for (; m0 + 4 <= p.m; m0 += 4) tile_bf16<4, NR, kFar>(p, m0, r0);
+  for (; m0 + 4 <= p.m; m0 += 4) tile_bf16<4, NR>(p, m0, r0);
   switch (p.m - m0) {
     case 3:
-      tile_bf16<3, NR, kFar>(p, m0, r0);
+      tile_bf16<3, NR>(p, m0, r0);
       break;
     case 2:
-      tile_bf16<2, NR, kFar>(p, m0, r0);
+      tile_bf16<2, NR>(p, m0, r0);
       break;
     case 1:
-      tile_bf16<1, NR, kFar>(p, m0, r0);
+      tile_bf16<1, NR>(p, m0, r0);
       break;
     default:
       break;
   }
 }
 
-template <bool kFar>
-KEEL_AVX512BF16 KEEL_KINLINE void groups_bf16(const LinearParams& p, int64_t begin, int64_t end) {
-  int64_t r = begin;
-  for (; r + 4 <= end; r += 4) rows_bf16<4, kFar>(p, r);  // 4 weight rows: 16 accumulators at 4 x rows
-  for (; r < end; ++r) rows_bf16<1, kFar>(p, r);
-}
-
 KEEL_AVX512BF16 void cols_bf16(const LinearParams& p, int64_t begin, int64_t end) {
-  // decode and prompts share tile_bf16's order; decode adds the far prefetch
-  if (p.m < 4) return groups_bf16<true>(p, begin, end);
-  groups_bf16<false>(p, begin, end);
+  // decode and prompts share tile_bf16's order; only how many weight rows share a step differs
+  int64_t r = begin;
+  if (p.m >= 4) {
+    for (; r + 4 <= end; r += 4) rows_bf16<4>(p, r);  // 4 weight rows: 16 accumulators at 4 x rows
+  }
+  for (; r < end; ++r) rows_bf16<1>(p, r);
 }
 #endif  // __AVX2__
 
