@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "ops/fp8_linear.h"
+#include "ops/vec_sum.h"
 
 #if defined(__AVX2__)
 // GCC 12's intrinsic headers self-initialize their undefined-value placeholders (`__Y = __Y`),
@@ -38,9 +39,8 @@ constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of the current block 
 // weights are faster with it (scripts/bench/projections.py; figures in docs/measurements/2026-12-02-llamacpp.md)
 constexpr int64_t kFarPrefetchBytes = 8192;
 
-typedef float f32x8 __attribute__((vector_size(32)));
-
-KEEL_KINLINE float hsum8(const f32x8& v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+using vec::f32x8;
+using vec::hsum8;
 
 template <typename T>
 KEEL_KINLINE void store_out(const Fp8LinearParams& p, int64_t row, int64_t r, float s, bool nan) {
@@ -143,13 +143,8 @@ void cols_portable(const Fp8LinearParams& p, int64_t begin, int64_t end) {
 #if defined(__AVX2__)
 #define KEEL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
-typedef float f32x16 __attribute__((vector_size(64)));
-
-KEEL_AVX512 KEEL_KINLINE float hsum16(__m512 v) {
-  const f32x16 u = (f32x16)v;
-  return hsum8(__builtin_shufflevector(u, u, 0, 1, 2, 3, 4, 5, 6, 7) +
-               __builtin_shufflevector(u, u, 8, 9, 10, 11, 12, 13, 14, 15));
-}
+using vec::hsum16;
+using vec::hsum16x4;
 
 // 32 e4m3 bytes -> two vectors of value * 2^-8
 KEEL_AVX512 KEEL_KINLINE void decode32(__m256i raw, __m512* w) {
@@ -355,19 +350,6 @@ KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int
 // is zero past k, and bytes past k are finite once decoded, so they add zeros, and the second scan stops at
 // k), which needs kp bytes readable from every row of the group: the caller checks it.
 constexpr int kDecodeRows = 4;
-
-// (v0+v8 .. v7+v15), then its two 4-lane halves added: b[i] = (v[i] + v[i+8]) + (v[i+4] + v[i+12])
-KEEL_AVX512BF16 KEEL_KINLINE __m128 fold16(__m512 v) {
-  const f32x16 u = (f32x16)v;
-  const f32x8 h = __builtin_shufflevector(u, u, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(u, u, 8, 9, 10, 11, 12, 13, 14, 15);
-  return (__m128)(__builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7));
-}
-
-// hsum16 of four vectors at once, lane j = hsum16 of the j-th: (b0 + b1) + (b2 + b3) of each fold16
-KEEL_AVX512BF16 KEEL_KINLINE __m128 hsum16x4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  return _mm_hadd_ps(_mm_hadd_ps(fold16(a), fold16(b)), _mm_hadd_ps(fold16(c), fold16(d)));
-}
 
 // Whether the k bytes at `src` hold a byte block_bf16 sends to the exact decode (subnormal or NaN).
 KEEL_AVX512BF16 bool row_has_special(const uint8_t* src, int64_t k) {

@@ -22,6 +22,7 @@
 #include <cstring>
 
 #include "ops/linear.h"
+#include "ops/vec_sum.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -33,7 +34,8 @@
 namespace keel::KEEL_CPU_NS {
 namespace {
 
-typedef float f32x8 __attribute__((vector_size(32)));
+using vec::f32x8;
+using vec::hsum8;
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
@@ -71,8 +73,6 @@ KEEL_KINLINE f32x8 load8(const f16_t* p) {
 #endif
 }
 
-KEEL_KINLINE float hsum(const f32x8& v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
-
 // x rows [m0, m0 + MR) times weight row r: 8 columns a step, KU steps unrolled.
 template <int MR, int KU, typename T>
 KEEL_KINLINE void row_tile(const LinearParams& p, int64_t m0, int64_t r) {
@@ -101,7 +101,7 @@ KEEL_KINLINE void row_tile(const LinearParams& p, int64_t m0, int64_t r) {
   for (int m = 0; m < MR; ++m) {
 #pragma GCC unroll 8
     for (int u = 1; u < KU; ++u) acc[m][0] += acc[m][u];
-    float s = hsum(acc[m][0]);
+    float s = hsum8(acc[m][0]);
     for (int64_t t = i; t < k; ++t) s += x[m * k + t] * load(w + t);
     if (bias) s += load(bias + r * p.bias_stride);
     store(out + (m0 + m) * p.n + r, s);
@@ -137,14 +137,8 @@ void cols_impl(const LinearParams& p, int64_t begin, int64_t end) {
 #if defined(__AVX2__)
 #define KEEL_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-typedef float f32x16 __attribute__((vector_size(64)));
-
-// Sum of 16 lanes (GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized).
-KEEL_AVX512BF16 KEEL_KINLINE float hsum16(__m512 v) {
-  const f32x16 u = (f32x16)v;
-  return hsum(__builtin_shufflevector(u, u, 0, 1, 2, 3, 4, 5, 6, 7) +
-              __builtin_shufflevector(u, u, 8, 9, 10, 11, 12, 13, 14, 15));
-}
+using vec::hsum16;
+using vec::hsum16x4;
 
 // MR x rows times NR weight rows, 32 columns a step, one accumulator per output (MR * NR independent dpbf16
 // chains), so each step loads MR + NR vectors for MR * NR dot-product steps. Every output is summed in the
@@ -194,10 +188,15 @@ KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t
   bf16_t* out = static_cast<bf16_t*>(p.out);
   const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
   for (int m = 0; m < MR; ++m) {
+    alignas(16) float s[4];
+    if (NR == 4) {  // the same tree as hsum16, four outputs at once
+      _mm_store_ps(s, hsum16x4(acc[m][0], acc[m][NR > 1 ? 1 : 0], acc[m][NR > 2 ? 2 : 0], acc[m][NR > 3 ? 3 : 0]));
+    } else {
+      for (int j = 0; j < NR; ++j) s[j] = hsum16(acc[m][j]);
+    }
     for (int j = 0; j < NR; ++j) {
-      float s = hsum16(acc[m][j]);
-      if (bias) s += load(bias + (r0 + j) * p.bias_stride);
-      store(out + (m0 + m) * p.n + r0 + j, s);
+      if (bias) s[j] += load(bias + (r0 + j) * p.bias_stride);
+      store(out + (m0 + m) * p.n + r0 + j, s[j]);
     }
   }
 }

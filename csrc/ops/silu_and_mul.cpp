@@ -35,7 +35,8 @@ Tensor silu_and_mul(const Tensor& x) {
 #ifdef KEEL_CUDA_LIBRARY
   silu_and_mul_cuda(p, ctx.stream());
 #else
-  parallel_for(p.rows, grain_for(p.d, 8192), [&](int64_t b, int64_t e) { cpu::silu_and_mul_rows(p, b, e); });
+  // a decode step's few rows run inline: a parallel region costs more than their work
+  parallel_for(p.rows, grain_for(p.d, 32768), [&](int64_t b, int64_t e) { cpu::silu_and_mul_rows(p, b, e); });
 #endif
   return out;
 }

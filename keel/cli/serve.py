@@ -148,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
             enable_prefix_caching=args.prefix_caching,
             quantization=args.quantization,
         )
-        llm = LLMEngine.from_config(config)
+        # loaded on the engine thread, which then runs it (AsyncEngine.start says why)
+        engine = make_async_engine(lambda: LLMEngine.from_config(config), limits, args.max_num_seqs)
+        llm = engine.engine
     except _EXPECTED_ERRORS as exc:
         msg = str(exc)
         print(msg if msg.startswith("keel serve") else f"keel serve: error: {msg}", file=sys.stderr)
@@ -156,7 +158,6 @@ def run(args: argparse.Namespace) -> int:
     from keel.entrypoints.openai.api_server import run_server
 
     name = args.served_model_name or model
-    engine = make_async_engine(llm, limits, args.max_num_seqs)
     try:
         try:
             app = build_app(

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -129,8 +129,50 @@ class AsyncEngine(Generic[EngineT]):
     """Owns an `LLMEngine` (or anything with its request API, `SyncEngine`) in one thread."""
 
     def __init__(self, engine: EngineT, *, max_admitted: int, rate_window_s: float = 10.0) -> None:
-        if max_admitted < 1:
-            raise ValueError(f"AsyncEngine: max_admitted must be >= 1, got {max_admitted}")
+        """Drive `engine` (built already, on any thread) from a new engine thread. A model should rather be
+        built by `AsyncEngine.start`, on the thread that then runs it."""
+        self._setup(engine, max_admitted, rate_window_s)
+        self._thread = threading.Thread(target=self._run, name="keel-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(
+        cls, build: Callable[[], EngineT], *, max_admitted: int, rate_window_s: float = 10.0
+    ) -> AsyncEngine[EngineT]:
+        """Start the engine thread, build the engine there with `build()` and return once it is built (what
+        `build` raises is raised here, and no thread is left behind).
+
+        Why on that thread: torch's CPU ops run their parallel regions on the OpenMP team of the thread that
+        calls them. A model loaded on the main thread leaves the main thread's team alive beside the engine
+        thread's; with more OpenMP threads than cores, libgomp's workers stop spinning between regions and
+        every region of a step waits for a sleeping worker to wake: a 64-token prefill step took 1.6x as long
+        on a 2-core machine (docs/measurements/2026-12-02-prefetch.md). Built and run on one thread, the
+        process has one team."""
+        _check_admitted(max_admitted)
+        ready: queue.SimpleQueue = queue.SimpleQueue()
+
+        def main() -> None:
+            name_os_thread("keel-engine")  # before the build: the OpenMP workers it starts inherit the name
+            try:
+                self = cls.__new__(cls)
+                self._setup(build(), max_admitted, rate_window_s)
+                self._thread = threading.current_thread()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
+                ready.put(exc)
+                return
+            ready.put(self)
+            self._run()
+
+        thread = threading.Thread(target=main, name="keel-engine", daemon=True)
+        thread.start()
+        got = ready.get()
+        if isinstance(got, BaseException):
+            thread.join()
+            raise got
+        return got
+
+    def _setup(self, engine: EngineT, max_admitted: int, rate_window_s: float) -> None:
+        _check_admitted(max_admitted)
         self.engine = engine
         self.max_admitted = max_admitted
         self.num_rejected = 0  # open() calls refused as overloaded
@@ -146,8 +188,6 @@ class AsyncEngine(Generic[EngineT]):
         self.tokens_per_s = 0.0
         self.steps = 0  # engine steps run so far (readiness: the engine has stepped)
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="keel-engine", daemon=True)
-        self._thread.start()
 
     # ---- event-loop side ------------------------------------------------------------------
 
@@ -292,6 +332,11 @@ class AsyncEngine(Generic[EngineT]):
         for loop, stream in {id(st): (lp, st) for lp, st in self._routes.values()}.values():
             loop.call_soon_threadsafe(stream.outputs.put_nowait, exc)
         self._routes.clear()
+
+
+def _check_admitted(max_admitted: int) -> None:
+    if max_admitted < 1:
+        raise ValueError(f"AsyncEngine: max_admitted must be >= 1, got {max_admitted}")
 
 
 def name_os_thread(name: str) -> None:

@@ -90,3 +90,49 @@ def test_engine_thread_has_its_os_name():
         assert Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip() != "keel-engine"
     finally:
         engine.shutdown()
+
+
+class ThreadRecordingEngine(CountdownEngine):
+    """Records the thread that built it and every thread that stepped it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.built_on = threading.get_ident()
+        self.stepped_on: set[int] = set()
+
+    def step(self) -> list[RequestOutput]:
+        self.stepped_on.add(threading.get_ident())
+        return super().step()
+
+
+def test_start_builds_the_engine_on_the_thread_that_runs_it():
+    """`AsyncEngine.start` (what `keel serve` uses) builds the engine on the engine thread, which then steps
+    it: one thread, so one OpenMP team in the process (a model loaded on the main thread and run on another
+    left two, and a 64-token prefill step took 1.6x as long)."""
+    engine = AsyncEngine.start(ThreadRecordingEngine, max_admitted=2)
+    fake = engine.engine
+
+    async def scenario() -> None:
+        stream = await engine.open(["a"], [[1, 2]], [SamplingParams()])
+        assert [o.finished async for o in stream] == [False, True]
+        stream.close()
+
+    try:
+        asyncio.run(scenario())
+        assert fake.built_on != threading.get_ident()
+        assert fake.stepped_on == {fake.built_on} == {engine._thread.ident}
+    finally:
+        engine.shutdown()
+    assert not engine.alive and engine.error is None
+
+
+def test_start_raises_what_the_build_raises_and_leaves_no_thread():
+    def build() -> CountdownEngine:
+        raise FileNotFoundError("no model here")
+
+    before = threading.active_count()
+    with pytest.raises(FileNotFoundError, match="no model here"):
+        AsyncEngine.start(build, max_admitted=2)
+    assert threading.active_count() == before
+    with pytest.raises(ValueError, match="max_admitted must be >= 1"):
+        AsyncEngine.start(CountdownEngine, max_admitted=0)

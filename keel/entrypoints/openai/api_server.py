@@ -19,7 +19,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -488,8 +488,9 @@ def run_server(app: Any, *, host: str, port: int, log_level: str, shutdown_timeo
     return 0
 
 
-def make_async_engine(llm: Any, limits: ServerLimits, max_num_seqs: int) -> AsyncEngine:
-    return AsyncEngine(llm, max_admitted=max_num_seqs + limits.max_waiting)
+def make_async_engine(build: Callable[[], Any], limits: ServerLimits, max_num_seqs: int) -> AsyncEngine:
+    """The server's engine, built by `build()` on its engine thread (AsyncEngine.start says why)."""
+    return AsyncEngine.start(build, max_admitted=max_num_seqs + limits.max_waiting)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
