@@ -41,8 +41,8 @@ typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
 constexpr int64_t kPrefetchBytes = 8192;  // how far ahead of the current weight column to prefetch (portable)
 // The AVX512-BF16 kernel asks for the weight lines 16 KB ahead into the outer caches (prefetcht2) and for none
-// into L1: on a Zen 4 (no AMX) a token's projections with cold weights ran 1.3x (1 row) to 1.8x (8 rows) faster
-// than with the former prefetcht0 8 KB ahead (docs/measurements/2026-12-02-prefetch.md)
+// into L1: faster with cold weights than the former prefetcht0 8 KB ahead, most at several rows
+// (docs/measurements/2026-12-03-prefetch.md)
 constexpr int64_t kFarPrefetchBytes = 16384;
 
 KEEL_KINLINE f32x8 load8(const float* p) {

@@ -145,8 +145,8 @@ class AsyncEngine(Generic[EngineT]):
         Why on that thread: torch's CPU ops run their parallel regions on the OpenMP team of the thread that
         calls them. A model loaded on the main thread leaves the main thread's team alive beside the engine
         thread's; with more OpenMP threads than cores, libgomp's workers stop spinning between regions and
-        every region of a step waits for a sleeping worker to wake: a 64-token prefill step took 1.6x as long
-        on a 2-core machine (docs/measurements/2026-12-02-prefetch.md). Built and run on one thread, the
+        every region of a step waits for a sleeping worker to wake, which slowed prefill steps on a 2-core
+        machine (docs/measurements/2026-12-03-prefetch.md). Built and run on one thread, the
         process has one team."""
         _check_admitted(max_admitted)
         ready: queue.SimpleQueue = queue.SimpleQueue()

@@ -1,8 +1,9 @@
-"""One decode token's projections at batch 1 with cold weights: keel fp8 vs keel bf16 vs torch's bf16 F.linear.
+"""One decode step's projections with cold weights: keel fp8 vs keel bf16 vs torch's bf16 F.linear.
 
     python scripts/bench/projections.py                  # SmolLM2-135M's 30 layers + lm_head, threads 1 and 2
     python scripts/bench/projections.py --threads 1 --rounds 20
     python scripts/bench/projections.py --checkpoint .cache/bench_llamacpp/keel-bf16   # a real model's weights
+    python scripts/bench/projections.py --rows 8        # a decode step of 8 sequences (x has 8 rows)
 
 A decode step of a small model streams every weight once, so what bounds it is how fast a core pulls
 weights from memory, not the kernel's speed on a weight that sits in cache (what `bench_gemm.py`
@@ -64,6 +65,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10, help="alternated rounds; the best is kept")
     p.add_argument("--tokens", type=int, default=3, help="tokens timed per round")
     p.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint folder whose weights to use")
+    p.add_argument("--rows", type=int, default=1, help="rows of x (sequences of a decode step)")
     args = p.parse_args()
 
     g = torch.Generator().manual_seed(0)
@@ -74,7 +76,9 @@ def main() -> None:
         bf16 = [torch.randn(n, k, generator=g).mul_(0.05).bfloat16() for n, k in shapes]
     shapes = [tuple(w.shape) for w in bf16]
     fp8 = [dg.per_token_cast_to_fp8(w.float()) for w in bf16]
-    xs = {k: torch.randn(1, k, generator=g).bfloat16() for k in {k for _, k in shapes}}
+    if args.rows < 1:
+        p.error(f"--rows must be >= 1, got {args.rows}")
+    xs = {k: torch.randn(args.rows, k, generator=g).bfloat16() for k in {k for _, k in shapes}}
     bytes_bf16 = sum(w.numel() * 2 for w in bf16)
     bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s in fp8)
     src = torch.cat([w.view(-1) for w in bf16])
@@ -104,7 +108,8 @@ def main() -> None:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     source = f"weights of {args.checkpoint}" if args.checkpoint else "random weights"
     print(f"CPU: {cpu}; {source}; {args.layers} layers + lm_head, weights {bytes_bf16 / 1e6:.0f} MB bf16 / "
-          f"{bytes_fp8 / 1e6:.0f} MB fp8, batch 1, best of {args.rounds} alternated rounds")  # fmt: skip
+          f"{bytes_fp8 / 1e6:.0f} MB fp8, {args.rows} row(s) of x, "
+          f"best of {args.rounds} alternated rounds")  # fmt: skip
     print("| threads | " + " | ".join(f"{n} ms (GB/s)" for n in peers) + " | fp8/bf16 | keel-bf16/torch-bf16 |")
     print("|---|" + "---|" * (len(peers) + 2))
     for threads in args.threads:
