@@ -329,11 +329,77 @@ KEEL_AVX512BF16 void cols_bf16_rows(const Fp8LinearParams& p, int64_t begin, int
   }
 }
 
+// Many rows of x, every one with its bf16 copy: two weight rows per pass, so each x piece loaded feeds two dot
+// products. Per output the same sums in the same order as cols_bf16_rows (a block's four pieces from zero, then
+// total += acc * s, hsum16 at the end), so the same bits; a weight row with a block that needs the exact decode
+// (subnormal or NaN bytes) is computed again by cols_bf16_rows, whose result it then is.
+template <bool kFull>
+KEEL_AVX512BF16 KEEL_KINLINE void pair_block_bf16(const Fp8LinearParams& p, const uint8_t* src0, const uint8_t* src1,
+                                                  int64_t b, float s0, float s1, __m512* total, bool& ok0, bool& ok1) {
+  const int64_t left = p.k - b * kFp8BlockK;
+  __m512bh w0[4];
+  __m512bh w1[4];
+  ok0 &= decode_block_bf16<kFull>(src0, left, w0);
+  ok1 &= decode_block_bf16<kFull>(src1, left, w1);
+  const __m512 sv0 = _mm512_set1_ps(s0);
+  const __m512 sv1 = _mm512_set1_ps(s1);
+  for (int64_t i = 0; i < p.m; ++i) {
+    const uint16_t* xp = p.x16 + i * p.kp + b * kFp8BlockK;
+    __m512 a0 = _mm512_setzero_ps();
+    __m512 a1 = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xp + 32 * j);
+      a0 = _mm512_dpbf16_ps(a0, xv, w0[j]);
+      a1 = _mm512_dpbf16_ps(a1, xv, w1[j]);
+    }
+    total[2 * i] = _mm512_fmadd_ps(a0, sv0, total[2 * i]);
+    total[2 * i + 1] = _mm512_fmadd_ps(a1, sv1, total[2 * i + 1]);
+  }
+}
+
+KEEL_AVX512BF16 void rows_bf16_pair(const Fp8LinearParams& p, int64_t r0) {
+  const int64_t nb = p.kp / kFp8BlockK;
+  const int64_t full = p.k / kFp8BlockK;
+  const uint8_t* w0 = p.w + r0 * p.w_row;
+  const uint8_t* w1 = w0 + p.w_row;
+  const float* s0 = p.scale + (r0 / p.scale_rows) * p.scale_s0;
+  const float* s1 = p.scale + ((r0 + 1) / p.scale_rows) * p.scale_s0;
+  __m512 total[2 * kFp8RowBlock];
+  for (int64_t i = 0; i < 2 * p.m; ++i) total[i] = _mm512_setzero_ps();
+  bool ok[2] = {true, true};
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t o = b * kFp8BlockK;
+    const float sa = s0[b * p.scale_s1];
+    const float sb = s1[b * p.scale_s1];
+    if (b < full) {
+      pair_block_bf16<true>(p, w0 + o, w1 + o, b, sa, sb, total, ok[0], ok[1]);
+    } else {
+      pair_block_bf16<false>(p, w0 + o, w1 + o, b, sa, sb, total, ok[0], ok[1]);
+    }
+  }
+  for (int j = 0; j < 2; ++j) {
+    if (!ok[j]) {
+      cols_bf16_rows<0, false>(p, r0 + j, r0 + j + 1);
+      continue;
+    }
+    for (int64_t i = 0; i < p.m; ++i) store_any(p, i, r0 + j, hsum16(total[2 * i + j]) * p.x16_unscale[i], false);
+  }
+}
+
+// from this many rows of x the pairs (below, no faster: docs/measurements/2026-12-03-prefetch.md)
+constexpr int64_t kPairMinRows = 16;
+
 template <int64_t M>
 KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int64_t end) {
   const int64_t m = M > 0 ? M : p.m;
   for (int64_t i = 0; i < m; ++i) {
     if (!p.x16_ok[i]) return cols_bf16_rows<M, true>(p, begin, end);
+  }
+  if (M == 0 && m >= kPairMinRows) {
+    int64_t r = begin;
+    for (; r + 2 <= end; r += 2) rows_bf16_pair(p, r);
+    return cols_bf16_rows<M, false>(p, r, end);
   }
   cols_bf16_rows<M, false>(p, begin, end);
 }
@@ -421,102 +487,8 @@ KEEL_AVX512BF16 void rows_bf16_m1(const Fp8LinearParams& p, int64_t r0) {
   }
 }
 
-// Several rows of x (every one with its bf16 copy): two weight rows per pass, so each x piece loaded feeds two
-// dot products. Per output the same sums in the same order as cols_bf16_rows (a block's four pieces from zero,
-// then total += acc * s, the 16-lane tree at the end), so the same bits; a weight row with a block that needs
-// the exact decode (subnormal or NaN bytes) is computed again by cols_bf16_rows, whose result it then is.
-// G rows of x from i0 against the two decoded weight blocks: the 2G dot products advance piece by piece side by
-// side (independent chains), each one's four pieces in order from zero.
-template <int G>
-KEEL_AVX512BF16 KEEL_KINLINE void pair_rows_bf16(const Fp8LinearParams& p, int64_t i0, int64_t b, const __m512bh* w0,
-                                                 const __m512bh* w1, __m512 sv0, __m512 sv1, __m512* total) {
-  __m512 a0[G];
-  __m512 a1[G];
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(p.x16 + (i0 + g) * p.kp + b * kFp8BlockK + 32 * j);
-      a0[g] = _mm512_dpbf16_ps(a0[g], xv, w0[j]);
-      a1[g] = _mm512_dpbf16_ps(a1[g], xv, w1[j]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) {
-    total[2 * (i0 + g)] = _mm512_fmadd_ps(a0[g], sv0, total[2 * (i0 + g)]);
-    total[2 * (i0 + g) + 1] = _mm512_fmadd_ps(a1[g], sv1, total[2 * (i0 + g) + 1]);
-  }
-}
-
-template <bool kFull>
-KEEL_AVX512BF16 KEEL_KINLINE void pair_block_bf16(const Fp8LinearParams& p, const uint8_t* src0, const uint8_t* src1,
-                                                  int64_t b, float s0, float s1, __m512* total, bool& ok0, bool& ok1) {
-  const int64_t left = p.k - b * kFp8BlockK;
-  __m512bh w0[4];
-  __m512bh w1[4];
-  ok0 &= decode_block_bf16<kFull>(src0, left, w0);
-  ok1 &= decode_block_bf16<kFull>(src1, left, w1);
-  const __m512 sv0 = _mm512_set1_ps(s0);
-  const __m512 sv1 = _mm512_set1_ps(s1);
-  int64_t i = 0;
-  for (; i + 4 <= p.m; i += 4) pair_rows_bf16<4>(p, i, b, w0, w1, sv0, sv1, total);
-  for (; i < p.m; ++i) pair_rows_bf16<1>(p, i, b, w0, w1, sv0, sv1, total);
-}
-
-constexpr int64_t kPairMinRows = 16;
-
-KEEL_AVX512BF16 void rows_bf16_pair(const Fp8LinearParams& p, int64_t r0) {
-  const int64_t nb = p.kp / kFp8BlockK;
-  const int64_t full = p.k / kFp8BlockK;
-  const uint8_t* w0 = p.w + r0 * p.w_row;
-  const uint8_t* w1 = w0 + p.w_row;
-  const float* s0 = p.scale + (r0 / p.scale_rows) * p.scale_s0;
-  const float* s1 = p.scale + ((r0 + 1) / p.scale_rows) * p.scale_s0;
-  __m512 total[2 * kFp8RowBlock];
-  for (int64_t i = 0; i < 2 * p.m; ++i) total[i] = _mm512_setzero_ps();
-  bool ok0 = true;
-  bool ok1 = true;
-  for (int64_t b = 0; b < full; ++b) {
-    const int64_t o = b * kFp8BlockK;
-    pair_block_bf16<true>(p, w0 + o, w1 + o, b, s0[b * p.scale_s1], s1[b * p.scale_s1], total, ok0, ok1);
-  }
-  if (full < nb) {
-    const int64_t o = full * kFp8BlockK;
-    pair_block_bf16<false>(p, w0 + o, w1 + o, full, s0[full * p.scale_s1], s1[full * p.scale_s1], total, ok0, ok1);
-  }
-  int64_t i = 0;
-  if (ok0 && ok1) {  // four outputs' trees at once (hsum16x4: each lane hsum16's bits)
-    for (; i + 2 <= p.m; i += 2) {
-      alignas(16) float sums[4];
-      const __m128 unscale = _mm_set_ps(p.x16_unscale[i + 1], p.x16_unscale[i + 1], p.x16_unscale[i], p.x16_unscale[i]);
-      _mm_store_ps(sums,
-                   _mm_mul_ps(hsum16x4(total[2 * i], total[2 * i + 1], total[2 * i + 2], total[2 * i + 3]), unscale));
-      for (int t = 0; t < 4; ++t) store_any(p, i + t / 2, r0 + t % 2, sums[t], false);
-    }
-  }
-  for (int j = 0; j < 2; ++j) {
-    if (!(j == 0 ? ok0 : ok1)) {
-      cols_bf16_rows<0, false>(p, r0 + j, r0 + j + 1);
-      continue;
-    }
-    for (int64_t h = i; h < p.m; ++h) store_any(p, h, r0 + j, hsum16(total[2 * h + j]) * p.x16_unscale[h], false);
-  }
-}
-
 KEEL_AVX512BF16 void cols_bf16(const Fp8LinearParams& p, int64_t begin, int64_t end) {
-  if (p.m != 1) {
-    // (below 16 rows of x the pairs measured no faster: docs/measurements/2026-12-03-prefetch.md)
-    if (p.m < kPairMinRows) return cols_bf16_impl<0>(p, begin, end);
-    for (int64_t i = 0; i < p.m; ++i) {
-      if (!p.x16_ok[i]) return cols_bf16_impl<0>(p, begin, end);
-    }
-    int64_t r = begin;
-    for (; r + 2 <= end; r += 2) rows_bf16_pair(p, r);
-    if (r < end) cols_bf16_rows<0, false>(p, r, end);
-    return;
-  }
+  if (p.m != 1) return cols_bf16_impl<0>(p, begin, end);
   // groups of rows whose unmasked tail reads stay inside the weight: row r reads [r * w_row, r * w_row + kp)
   const int64_t last_byte = (p.n - 1) * p.w_row + p.k;
   int64_t r = begin;
