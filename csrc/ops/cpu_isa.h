@@ -26,6 +26,12 @@ bool cpu_has_avx512();
 // Every cpu_has_* throws std::runtime_error for an unknown KEEL_CPU_ISA (stable/cpu_isa_level.h).
 bool cpu_has_amx();
 
+#if defined(__AVX2__)
+// The AVX2 build's AVX-512 variant of a plain loop: the same source vectorized 16 floats wide, with 32
+// registers (the 8-wide build of a long loop body spills). Called only when cpu_has_avx512().
+#define KEEL_AVX512_WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")))
+#endif
+
 // Declares `fn(params, begin, end)` in both ISA namespaces plus a dispatcher keel::cpu::fn.
 #define KEEL_DECLARE_CPU_KERNEL(fn, Params)                     \
   namespace cpu_base {                                          \

@@ -10,22 +10,37 @@
 namespace keel::KEEL_CPU_NS {
 namespace {
 
-// Sum of squares of n values read every `col` elements.
+// Sum of squares of n values read every `col` elements, in 16 partial sums (lane j takes elements j, j + 16,
+// j + 32, ...) added at the end in one fixed pairwise tree. The order depends on the row length only: not on
+// the row count, the chunk a row falls in, the layout or the build's vector width. Contiguous rows
+// vectorize (a single running sum would be a chain of dependent adds).
+constexpr int kSumLanes = 16;
+
 template <typename T>
-float sum_squares(const T* v, int64_t n, int64_t col) {
-  float ss = 0.f;
+KEEL_KINLINE float sum_squares(const T* v, int64_t n, int64_t col) {
+  float acc[kSumLanes] = {};
+  int64_t i = 0;
   if (col == 1) {
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < n; ++i) ss += load(v + i) * load(v + i);
-  } else {
-    for (int64_t i = 0; i < n; ++i) ss += load(v + i * col) * load(v + i * col);
+    for (; i + kSumLanes <= n; i += kSumLanes) {
+#pragma omp simd
+      for (int j = 0; j < kSumLanes; ++j) {
+        const float f = load(v + i + j);
+        acc[j] += f * f;
+      }
+    }
   }
-  return ss;
+  for (; i < n; ++i) {
+    const float f = load(v + i * col);
+    acc[i % kSumLanes] += f * f;
+  }
+  for (int w = kSumLanes / 2; w > 0; w /= 2) {
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  }
+  return acc[0];
 }
 
-// Two passes over each row and no scratch memory: the first sums squares (the fused op also
-// writes residual = x + residual there), the second writes the output from the values that
-// pass stored.
+// Per row, no scratch memory: the fused op first stores residual = x + residual; then the sum of
+// squares of the values normalized (for the fused op, those stored sums); then the output.
 template <typename T>
 void rows_impl(const RmsNormParams& p, int64_t begin, int64_t end) {
   const int64_t h = p.hidden;
@@ -33,20 +48,18 @@ void rows_impl(const RmsNormParams& p, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     const T* src = static_cast<const T*>(p.x) + row_offset(p.x_rows, r);
     int64_t src_col = p.x_col;
-    float ss = 0.f;
-    if (p.residual) {
+    if (p.residual) {  // residual = x + residual, stored (rounded): the stored sums are what gets normalized
       T* rr = static_cast<T*>(p.residual) + row_offset(p.res_rows, r);
-      for (int64_t i = 0; i < h; ++i) {
-        T* ri = rr + i * p.res_col;
-        store(ri, load(src + i * src_col) + load(ri));
-        const float v = load(ri);  // the stored (rounded) sum is what gets normalized
-        ss += v * v;
+      if (src_col == 1 && p.res_col == 1) {
+#pragma omp simd
+        for (int64_t i = 0; i < h; ++i) store(rr + i, load(src + i) + load(rr + i));
+      } else {
+        for (int64_t i = 0; i < h; ++i) store(rr + i * p.res_col, load(src + i * src_col) + load(rr + i * p.res_col));
       }
       src = rr;
       src_col = p.res_col;
-    } else {
-      ss = sum_squares(src, h, src_col);
     }
+    const float ss = sum_squares(src, h, src_col);
     const float inv = 1.0f / std::sqrt(ss / static_cast<float>(h) + p.eps);
     T* orow = static_cast<T*>(p.out) + row_offset(p.out_rows, r);
     if (p.out_col == 1 && p.w_col == 1 && src_col == 1) {

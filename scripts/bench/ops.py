@@ -11,8 +11,13 @@
    CPU kernels and checks, at::Tensor instead of the stable ABI. Per-call time, tiny tensors,
    keel and twin alternated in the same run.
 
+4. (--rows N [N ...], alone) A decoder layer's row ops at SmolLM2-135M's shapes (hidden 576, intermediate
+   1536, 9 query and 3 K/V heads of 64) with N rows (tokens): rms_norm, fused_add_rms_norm, silu_and_mul and
+   rotary_embedding against their torch composites, best us per call (the decode step calls them with 1-8
+   rows, a 64-token prompt with 64+). Run it under another checkout (PYTHONPATH=TREE) for a before / after.
+
 Ratios > 1 mean keel is faster (section 3: keel / twin, 1.0 = no cost).
-Usage: python scripts/bench/ops.py [--quick] [--twin-only]
+Usage: python scripts/bench/ops.py [--quick] [--twin-only] [--rows 8 71]
        python scripts/bench/ops.py --device cuda   (GB/s vs a device copy: scripts/bench/cuda_cases.py)
 """
 
@@ -257,12 +262,49 @@ def print_twin(inner: int, repeats: int) -> None:
             print(f"| {name} | {tk:.2f} | {tt:.2f} | {tk / tt:.2f}x |")
 
 
+def decoder_rows(rows: int, inner: int, repeats: int) -> list[tuple[str, str, float, float]]:
+    """(op, peer, keel s, peer s) for a SmolLM2-135M decoder layer's row ops at `rows` tokens, bf16."""
+    bf = torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 576, generator=g).to(bf)
+    res = torch.randn(rows, 576, generator=g).to(bf)
+    w = torch.randn(576, generator=g).to(bf)
+    gu = torch.randn(rows, 2 * 1536, generator=g).to(bf)
+    qkv = torch.randn(rows, 15 * 64, generator=g).to(bf)
+    pos = torch.arange(rows) + 100
+    cache = rope_cache(8192, 64, "cpu")
+    q, k = qkv[:, : 9 * 64], qkv[:, 9 * 64 : 12 * 64]  # views into the fused projection, as in the model
+    cases = [
+        ("rms_norm", lambda: ops.rms_norm(x, w, 1e-5), "F.rms_norm", lambda: F.rms_norm(x, (576,), w, 1e-5)),
+        (
+            "fused_add_rms_norm",
+            lambda: ops.fused_add_rms_norm(x.clone(), res.clone(), w, 1e-5),
+            "clones + add + F.rms_norm",
+            lambda: F.rms_norm(x.clone() + res.clone(), (576,), w, 1e-5),
+        ),
+        (
+            "silu_and_mul",
+            lambda: ops.silu_and_mul(gu),
+            "F.silu(a) * b",
+            lambda: F.silu(gu[:, :1536]) * gu[:, 1536:],
+        ),
+        (
+            "rotary_embedding",
+            lambda: ops.rotary_embedding(pos, q, k, 64, cache, True),
+            "rotate_half composite",
+            lambda: torch_rope(pos, q, k, 64, cache),
+        ),
+    ]
+    return [(n, pn, per_call(f, "cpu", inner, repeats), per_call(pf, "cpu", inner, repeats)) for n, f, pn, pf in cases]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: GB/s vs a device copy")
     bench_cuda.add_arguments(ap)
     ap.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
     ap.add_argument("--twin-only", action="store_true", help="only section 3 (keel vs the unstable twin)")
+    ap.add_argument("--rows", type=int, nargs="+", default=None, help="only section 4, at these row counts")
     args = ap.parse_args()
     if args.device == "cuda":
         bench_cuda.ops_main(args)
@@ -275,6 +317,13 @@ def main() -> None:
     )
     if args.twin_only:
         print_twin(inner, repeats)
+        return
+    if args.rows:
+        print("Decoder row ops, SmolLM2-135M shapes, bf16 (best us/call; ratio = peer / keel, > 1: keel faster)\n")
+        print("| rows | op | keel us | peer | peer us | ratio |\n|---:|---|---:|---|---:|---:|")
+        for rows in args.rows:
+            for name, peer, tk, tt in decoder_rows(rows, max(20, inner // 10), repeats):
+                print(f"| {rows} | {name} | {1e6 * tk:.1f} | {peer} | {1e6 * tt:.1f} | {tt / tk:.2f}x |")
         return
     print("Per-call host overhead (tiny tensors, best us/call; ratio = peer / keel, > 1: keel cheaper)\n")
     print("| op | keel us | peer | peer us | ratio |\n|---|---:|---|---:|---:|")
