@@ -23,9 +23,11 @@ namespace {
 constexpr const char* kVarlen = "keel_flash_attn::varlen_fwd";
 constexpr const char* kKvcache = "keel_flash_attn::fwd_kvcache";
 
-// keel's thread pool behind the fork's parallel-for hook.
+// keel's thread pool behind the fork's parallel-for hook: the fork's items (a sequence's query block and kv
+// heads) differ in cost by their keys, so the threads take them one by one, the last (a batch's prompts, a
+// causal prompt's later blocks) first.
 void pool_for(int64_t n, int64_t grain, void* ctx, flash::ParallelBody body) {
-  keel::parallel_for(n, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
+  keel::parallel_for_dynamic(n, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
 }
 
 // Once per process: the hook, and the CPU build cap from KEEL_CPU_ISA (stable/cpu_isa_level.h, as keel's own

@@ -25,16 +25,31 @@ void rotate_heads(const RotaryTensor& t, int64_t token, const C* cos, const C* s
   }
 }
 
+// Rows of cos / sin up to this many pairs are first copied to float (exact for every cache dtype), so the
+// rotation runs on contiguous float: with a bf16 cache read in place the loop ran several times slower.
+constexpr int64_t kStagedPairs = 256;
+
 template <typename T, typename C>
 void tokens_impl(const RotaryParams& p, int64_t begin, int64_t end) {
   const C* cache = static_cast<const C*>(p.cache);
   const int64_t half = p.rot_dim / 2;
+  const int64_t cs = p.cache_col_stride;
+  float cos_f[kStagedPairs], sin_f[kStagedPairs];
   for (int64_t t = begin; t < end; ++t) {
     const int64_t pos = p.positions[row_offset(p.pos_rows, t)];
     const C* cos = cache + pos * p.cache_row_stride;
-    const C* sin = cos + half * p.cache_col_stride;
-    rotate_heads<T, C>(p.q, t, cos, sin, p.cache_col_stride, half, p.is_neox);
-    rotate_heads<T, C>(p.k, t, cos, sin, p.cache_col_stride, half, p.is_neox);
+    const C* sin = cos + half * cs;
+    if (half <= kStagedPairs) {
+      for (int64_t i = 0; i < half; ++i) {
+        cos_f[i] = load(cos + i * cs);
+        sin_f[i] = load(sin + i * cs);
+      }
+      rotate_heads<T, float>(p.q, t, cos_f, sin_f, 1, half, p.is_neox);
+      rotate_heads<T, float>(p.k, t, cos_f, sin_f, 1, half, p.is_neox);
+    } else {
+      rotate_heads<T, C>(p.q, t, cos, sin, cs, half, p.is_neox);
+      rotate_heads<T, C>(p.k, t, cos, sin, cs, half, p.is_neox);
+    }
   }
 }
 

@@ -3,6 +3,8 @@
 // never brings a second OpenMP runtime into the process.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include <torch/csrc/stable/ops.h>
@@ -19,6 +21,31 @@ inline void parallel_for(int64_t n, int64_t grain, const F& f) {
     return;
   }
   torch::stable::parallel_for(0, n, grain, f);
+}
+
+// Runs f(begin, end) over [0, n) in chunks of `grain` items that the pool's threads take one at a time as
+// they ask (one shared counter), the last chunk first. For work items of uneven cost (attention: sequences of
+// different lengths in one batch, later query blocks of a causal prompt seeing more keys), where at::parallel_for's
+// equal split can leave one thread nearly all of the work. The items keep their own arithmetic: which thread
+// runs one, and when, changes no result.
+template <typename F>
+inline void parallel_for_dynamic(int64_t n, int64_t grain, const F& f) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  const int64_t chunks = (n + grain - 1) / grain;
+  const int64_t threads = static_cast<int64_t>(torch::stable::get_num_threads());
+  if (chunks <= 1 || threads <= 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  torch::stable::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int64_t b = (chunks - 1 - c) * grain;
+      f(b, std::min(n, b + grain));
+    }
+  });
 }
 
 // Items per parallel chunk so each chunk does at least `target` units of work, where one

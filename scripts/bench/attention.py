@@ -8,7 +8,7 @@ Decode (one query per sequence, bf16, paged cache with block size 16, shuffled b
             timed region, as the engine builds it once per step)
   sdpa      SDPA on a contiguous [B, KV, L, D] cache (no paging, no mask): the dense lower bound
 Prefill (causal, ragged batch): vendored flash_attn_varlen_func vs SDPA per sequence (the engine's
-prefill loop on main).
+prefill loop on main); one 64-token prompt, and 7 one-token sequences beside it.
 
 Methods alternate inside each repeat; the best repeat of each is reported, with ratios (> 1:
 vendored faster). On a busy machine prefer --threads 1 (no waits on a descheduled pool thread).
@@ -41,6 +41,9 @@ class Shape:
 SHAPES = [Shape("smollm2", 9, 3, 64), Shape("8b-like", 32, 8, 128)]
 BLOCK = 16
 DTYPE = torch.bfloat16
+# ragged batches; [64]: one served prompt; [1] * 7 + [64]: a step's new prompt after 7 one-token rows (the
+# sequences' lengths differ most, as in a served step that mixes decodes and a prompt)
+PREFILL_LENS = [[128, 256, 64], [64], [1] * 7 + [64], [512, 1024]]
 
 
 def decode_case(shape: Shape, batch: int, ctx: int, gen: torch.Generator) -> dict[str, Callable[[], object]]:
@@ -141,7 +144,7 @@ def main() -> None:
     print("| shape | sequence lengths | vendored varlen | SDPA per sequence | ratio |")
     print("|---|---|---|---|---|")
     for shape in SHAPES:
-        for lens in ([128, 256, 64], [512, 1024]) if not args.quick else ([128, 256, 64],):
+        for lens in PREFILL_LENS if not args.quick else PREFILL_LENS[:3]:
             t = best_times(prefill_case(shape, lens, gen), repeats=repeats)
             print(
                 f"| {shape.name} | {lens} | {t['vendored'] * 1e3:.2f} | {t['sdpa_loop'] * 1e3:.2f} | "
