@@ -1,5 +1,7 @@
 // keel/csrc/ops/rotary_embedding_cpu.cpp
 // CPU kernel of keel::rotary_embedding (compiled once per ISA, no torch header).
+#include <type_traits>
+
 #include "ops/rotary_embedding.h"
 
 namespace keel::KEEL_CPU_NS {
@@ -25,8 +27,8 @@ void rotate_heads(const RotaryTensor& t, int64_t token, const C* cos, const C* s
   }
 }
 
-// Rows of cos / sin up to this many pairs are first copied to float (exact for every cache dtype), so the
-// rotation runs on contiguous float: with a bf16 cache read in place the loop ran several times slower.
+// A cos / sin row of a 16-bit (or strided) cache, up to this many pairs, is first copied to float (exact), so
+// the rotation reads contiguous float: read in place, a bf16 cache (the model's) cost several times an fp32 one.
 constexpr int64_t kStagedPairs = 256;
 
 template <typename T, typename C>
@@ -39,7 +41,7 @@ void tokens_impl(const RotaryParams& p, int64_t begin, int64_t end) {
     const int64_t pos = p.positions[row_offset(p.pos_rows, t)];
     const C* cos = cache + pos * p.cache_row_stride;
     const C* sin = cos + half * cs;
-    if (half <= kStagedPairs) {
+    if (half <= kStagedPairs && !(std::is_same_v<C, float> && cs == 1)) {
       for (int64_t i = 0; i < half; ++i) {
         cos_f[i] = load(cos + i * cs);
         sin_f[i] = load(sin + i * cs);

@@ -272,7 +272,7 @@ def decoder_rows(rows: int, inner: int, repeats: int) -> list[tuple[str, str, fl
     gu = torch.randn(rows, 2 * 1536, generator=g).to(bf)
     qkv = torch.randn(rows, 15 * 64, generator=g).to(bf)
     pos = torch.arange(rows) + 100
-    cache = rope_cache(8192, 64, "cpu")
+    cache = rope_cache(8192, 64, "cpu").to(bf)  # the model keeps its cos/sin in its dtype (as HF casts them)
     q, k = qkv[:, : 9 * 64], qkv[:, 9 * 64 : 12 * 64]  # views into the fused projection, as in the model
     cases = [
         ("rms_norm", lambda: ops.rms_norm(x, w, 1e-5), "F.rms_norm", lambda: F.rms_norm(x, (576,), w, 1e-5)),
