@@ -33,13 +33,14 @@ inline void parallel_for_dynamic(int64_t n, int64_t grain, const F& f) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
   const int64_t chunks = (n + grain - 1) / grain;
-  const int64_t threads = static_cast<int64_t>(torch::stable::get_num_threads());
-  if (chunks <= 1 || threads <= 1) {
+  if (chunks <= 1) {
     f(int64_t{0}, n);
     return;
   }
+  // torch's pool calls the body once per thread (inline, once, on one thread or inside a parallel region);
+  // each call ignores its range and takes chunks from the counter until none is left
   std::atomic<int64_t> next{0};
-  torch::stable::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
+  torch::stable::parallel_for(0, chunks, 1, [&](int64_t, int64_t) {
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t b = (chunks - 1 - c) * grain;

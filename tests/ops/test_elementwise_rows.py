@@ -10,16 +10,15 @@ summed in another order would round differently in the last bit now and then, wh
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from support.layouts import make
 
 from keel import ops
+from keel._compat import _cpuinfo_flags
 
 ROWS = 40
 HIDDEN = [576, 100, 7]  # SmolLM2's, one with a 4-element tail past the 16 lanes, one shorter than the lanes
@@ -73,15 +72,6 @@ def test_norm_rows_do_not_depend_on_the_call_or_layout(dtype, hidden):
         assert_rows_equal(fx, fx_alone, f"fused_add_rms_norm output, {layout}")
 
 
-def _has(flags: set[str]) -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    return bool(m) and flags <= set(m.group(1).split())
-
-
 CHILD = r"""
 import hashlib, torch
 from keel import ops
@@ -97,7 +87,7 @@ print(" ".join(out))
 """
 
 
-@pytest.mark.skipif(not _has({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+@pytest.mark.skipif(not {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpuinfo_flags(),
                     reason="needs a CPU with the AVX2 and AVX-512 builds")  # fmt: skip
 def test_silu_and_mul_same_bits_8_and_16_wide(tmp_path):
     digests = {}
