@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from keel.engine import host_memory
 from keel.engine.block_manager import slot_mapping
 from keel.engine.scheduler import SchedulerOutput
 from keel.layers.attention import PAGE_MULTIPLE, AttnMetadata, PagedAttention
@@ -66,6 +67,8 @@ class ModelRunner:
         if cpu_prepack and can_pack(weight):
             pack_linears(model)
         keel_linears(model)  # whatever is still a plain nn.Linear
+        if self.device.type == "cpu":  # the weights as they now are, on huge pages (keel/engine/host_memory.py)
+            host_memory.rehome([*model.parameters(), *model.buffers()])
         model.flatten()  # forward through one flat function over the layers as they now are (models/llama.py)
         self.block_size = block_size
         self.attention = [m for m in model.modules() if isinstance(m, PagedAttention)]
@@ -83,13 +86,19 @@ class ModelRunner:
             return
         cfg = self.config
         have = self.num_kv_blocks if num_blocks > self.num_kv_blocks else 0
-        extra = (num_blocks - have, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        for attn in self.attention:
-            if not have:
-                attn.k_cache = attn.v_cache = torch.empty(0)  # free the old pools first
-            pad = torch.zeros(extra, dtype=self.dtype, device=self.device)
-            attn.k_cache = torch.cat([attn.k_cache, pad]) if have else pad
-            attn.v_cache = torch.cat([attn.v_cache, pad]) if have else pad.clone()
+        shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        if not have:
+            for attn in self.attention:  # free the old pools first
+                attn.k_cache = attn.v_cache = torch.empty(0)
+        if self.device.type == "cpu":  # one huge-page arena for every pool (keel/engine/host_memory.py)
+            pools = host_memory.zeros(2 * len(self.attention), shape, self.dtype)
+        else:
+            pools = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * len(self.attention))]
+        for attn, k, v in zip(self.attention, pools[0::2], pools[1::2], strict=True):
+            if have:
+                k[:have].copy_(attn.k_cache)
+                v[:have].copy_(attn.v_cache)
+            attn.k_cache, attn.v_cache = k, v
         self.num_kv_blocks = num_blocks
 
     def _tensor(self, values: list[int] | list[list[int]], dtype: torch.dtype = torch.long) -> torch.Tensor:

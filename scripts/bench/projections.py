@@ -4,6 +4,7 @@
     python scripts/bench/projections.py --threads 1 --rounds 20
     python scripts/bench/projections.py --checkpoint .cache/bench_llamacpp/keel-bf16   # a real model's weights
     python scripts/bench/projections.py --rows 8        # a decode step of 8 sequences (x has 8 rows)
+    python scripts/bench/projections.py --huge-pages    # also each keel peer with its weights on huge pages
 
 A decode step of a small model streams every weight once, so what bounds it is how fast a core pulls
 weights from memory, not the kernel's speed on a weight that sits in cache (what `bench_gemm.py`
@@ -19,6 +20,10 @@ ratios of one run.
 Random weights by default; `--checkpoint DIR` takes a Llama-family checkpoint's own (model.safetensors: q/k/v
 and gate/up fused as keel fuses them, the lm_head or the tied embedding), whose FP8 bytes hold what real
 weights hold (zero bytes in a few % of rows, rare subnormals), which the FP8 kernel's speed depends on.
+
+`--huge-pages` adds `keel-fp8-huge`, `keel-bf16-huge` and `copy-huge`: the same bytes copied into one
+huge-page arena (keel.engine.host_memory.rehome, as keel's model runner places a model's weights), alternated
+with the peers above in the same process; without it, every tensor here is allocated by torch on its own.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=3, help="tokens timed per round")
     p.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint folder whose weights to use")
     p.add_argument("--rows", type=int, default=1, help="rows of x (sequences of a decode step)")
+    p.add_argument("--huge-pages", action="store_true", help="also the keel peers and the copy on huge pages")
     args = p.parse_args()
 
     g = torch.Generator().manual_seed(0)
@@ -84,34 +90,49 @@ def main() -> None:
     src = torch.cat([w.view(-1) for w in bf16])
     dst = torch.empty_like(src)
 
-    def keel_fp8() -> None:
-        for q, s in fp8:
-            ops.fp8_linear(xs[q.shape[1]], q, s, None)
+    def fp8_peer(weights: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], None]:
+        def run() -> None:
+            for q, s in weights:
+                ops.fp8_linear(xs[q.shape[1]], q, s, None)
 
-    def keel_bf16() -> None:
-        for w in bf16:
-            ops.linear(xs[w.shape[1]], w, None)
+        return run
 
-    def torch_bf16() -> None:
-        for w in bf16:
-            torch.nn.functional.linear(xs[w.shape[1]], w)
+    def bf16_peer(weights: list[torch.Tensor], linear: Callable[..., torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            for w in weights:
+                linear(xs[w.shape[1]], w, None)
 
-    def copy() -> None:
-        dst.copy_(src)
+        return run
+
+    def copy_peer(a: torch.Tensor, b: torch.Tensor) -> Callable[[], None]:
+        return lambda: b.copy_(a)
 
     peers: dict[str, tuple[Callable[[], None], int]] = {
-        "keel-fp8": (keel_fp8, bytes_fp8),
-        "keel-bf16": (keel_bf16, bytes_bf16),
-        "torch-bf16": (torch_bf16, bytes_bf16),
-        "copy": (copy, 2 * bytes_bf16),  # read + write
+        "keel-fp8": (fp8_peer(fp8), bytes_fp8),
+        "keel-bf16": (bf16_peer(bf16, ops.linear), bytes_bf16),
+        "torch-bf16": (bf16_peer(bf16, torch.nn.functional.linear), bytes_bf16),
+        "copy": (copy_peer(src, dst), 2 * bytes_bf16),  # read + write
     }
+    if args.huge_pages:
+        from keel.engine import host_memory
+
+        if not host_memory.available():
+            p.error(f"--huge-pages: no transparent huge pages here (kernel mode {host_memory.thp_mode()!r})")
+        fp8_h = [(q.clone(), s.clone()) for q, s in fp8]
+        bf16_h = [w.clone() for w in bf16]
+        src_h, dst_h = src.clone(), dst.clone()
+        host_memory.rehome([*(t for pair in fp8_h for t in pair), *bf16_h, src_h, dst_h])
+        peers["keel-fp8-huge"] = (fp8_peer(fp8_h), bytes_fp8)
+        peers["keel-bf16-huge"] = (bf16_peer(bf16_h, ops.linear), bytes_bf16)
+        peers["copy-huge"] = (copy_peer(src_h, dst_h), 2 * bytes_bf16)
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     source = f"weights of {args.checkpoint}" if args.checkpoint else "random weights"
     print(f"CPU: {cpu}; {source}; {args.layers} layers + lm_head, weights {bytes_bf16 / 1e6:.0f} MB bf16 / "
           f"{bytes_fp8 / 1e6:.0f} MB fp8, {args.rows} row(s) of x, "
           f"best of {args.rounds} alternated rounds")  # fmt: skip
-    print("| threads | " + " | ".join(f"{n} ms (GB/s)" for n in peers) + " | fp8/bf16 | keel-bf16/torch-bf16 |")
-    print("|---|" + "---|" * (len(peers) + 2))
+    names = ["fp8/bf16", "keel-bf16/torch-bf16"] + (["huge/plain fp8", "huge/plain bf16"] if args.huge_pages else [])
+    print("| threads | " + " | ".join(f"{n} ms (GB/s)" for n in peers) + " | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * (len(peers) + len(names)))
     for threads in args.threads:
         torch.set_num_threads(threads)
         # prime=1: one untimed call after the previous peer ran, whose weights then left the caches
@@ -119,6 +140,8 @@ def main() -> None:
         best = best_times(fns, repeats=args.rounds, inner=args.tokens, warmup=0, prime=1)
         cells = [f"{best[n] * 1e3:.2f} ({nbytes / best[n] / 1e9:.1f})" for n, (_, nbytes) in peers.items()]
         ratios = [best["keel-bf16"] / best["keel-fp8"], best["torch-bf16"] / best["keel-bf16"]]
+        if args.huge_pages:  # > 1: the huge-page copy of the weights is faster
+            ratios += [best["keel-fp8"] / best["keel-fp8-huge"], best["keel-bf16"] / best["keel-bf16-huge"]]
         print(f"| {threads} | " + " | ".join(cells) + " | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
 
 

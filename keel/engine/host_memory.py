@@ -1,0 +1,129 @@
+"""Host memory for the weights and the KV cache on transparent huge pages (Linux).
+
+A CPU decode step streams every weight once and reads each sequence's cache blocks. On 4 KiB pages the weights
+of SmolLM2-135M span some 66,000 pages a token, so the streaming loads keep missing the TLB; weights allocated
+tensor by tensor do not get huge pages even where the kernel offers them (`madvise` mode needs the advice,
+and a tensor under 2 MiB cannot hold an aligned huge page). So the model runner moves the model's parameters
+and buffers into one private anonymous mapping advised MADV_HUGEPAGE, and gives the KV pools one such mapping
+per size (anonymous memory is zero-filled and touched lazily, as `torch.zeros` is not). The figures:
+docs/measurements/2026-12-03-huge-pages.md.
+
+Only the placement changes: the same values, the same tensor objects (their `.data` is re-pointed), strides
+and offsets; aliasing between tensors of one storage is kept. Where huge pages cannot be had (not Linux, a
+Python without MADV_HUGEPAGE, the kernel's mode `never`, a device other than the CPU) or `KEEL_HUGE_PAGES=0`,
+nothing moves and the pools are plain `torch.zeros`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+
+HUGE_PAGE = 2 << 20  # the x86-64 / arm64 (4 KiB base) transparent huge page
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+_SWITCH = "KEEL_HUGE_PAGES"
+
+
+class HugePagesSettingError(ValueError):
+    """KEEL_HUGE_PAGES holds a value other than 0 / 1 / off / on / auto."""
+
+
+def thp_mode(path: Path = THP_ENABLED) -> str:
+    """The kernel's transparent-huge-page mode: "always", "madvise", "never", or "unavailable" (no such file,
+    as off Linux or in a kernel built without THP)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "unavailable"
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return "unavailable"
+
+
+def wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether KEEL_HUGE_PAGES asks for huge pages: unset, "", 1, on, auto: yes; 0, off: no; anything else
+    raises HugePagesSettingError naming the variable, the value and the choices."""
+    value = (os.environ if environ is None else environ).get(_SWITCH, "").strip().lower()
+    if value in ("", "1", "on", "auto"):
+        return True
+    if value in ("0", "off"):
+        return False
+    raise HugePagesSettingError(f"keel: {_SWITCH}={value!r} is not a known setting; expected 0 / off or 1 / on / auto")
+
+
+def available(environ: Mapping[str, str] | None = None) -> bool:
+    """Huge pages can be asked for here (Python's mmap has MADV_HUGEPAGE, the kernel's mode is madvise or always)
+    and KEEL_HUGE_PAGES does not refuse them."""
+    return wanted(environ) and hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
+
+
+def arena(nbytes: int) -> torch.Tensor:
+    """`nbytes` zero bytes (uint8, CPU) starting on a huge-page boundary, from a private anonymous mapping advised
+    MADV_HUGEPAGE; the mapping lives as long as any view of the result. Call only where `available()`."""
+    if nbytes < 0:
+        raise ValueError(f"keel.engine.host_memory.arena: nbytes must be >= 0, got {nbytes}")
+    size = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE + HUGE_PAGE  # room to align the start
+    # MAP_PRIVATE: Python's default for an anonymous map is shared memory, which THP `enabled` does not govern
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region.madvise(mmap.MADV_HUGEPAGE)
+    whole = torch.frombuffer(region, dtype=torch.uint8)  # holds the mapping until its last view is gone
+    skip = -whole.data_ptr() % HUGE_PAGE
+    return whole[skip : skip + nbytes]
+
+
+def _movable(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized and t.numel() > 0
+
+
+def rehome(tensors: Iterable[torch.Tensor]) -> int:
+    """Move the storages of `tensors` (CPU, strided, non-empty; others are left) into one huge-page arena, each
+    storage on its own 4 KiB boundary, and re-point every given tensor at its storage's new home (same dtype,
+    offset, size and stride). Returns the bytes moved (0 where `available()` is false). One storage's old
+    memory is freed as soon as it is copied, when nothing else holds it, so the peak is about one storage
+    over the total."""
+    if not available():
+        return 0
+    groups: dict[int, list[torch.Tensor]] = {}
+    storages: dict[int, torch.UntypedStorage] = {}
+    seen: set[int] = set()
+    for t in tensors:
+        if id(t) in seen or not _movable(t):
+            continue
+        seen.add(id(t))
+        s = t.untyped_storage()
+        groups.setdefault(s.data_ptr(), []).append(t)
+        storages.setdefault(s.data_ptr(), s)
+    if not groups:
+        return 0
+    sizes = {key: (s.nbytes() + 4095) // 4096 * 4096 for key, s in storages.items()}
+    home = arena(sum(sizes.values()))
+    offset = 0
+    with torch.no_grad():
+        for key, views in groups.items():
+            old = storages.pop(key)
+            base = home[offset : offset + old.nbytes()]
+            base.copy_(torch.empty(0, dtype=torch.uint8).set_(old, 0, (old.nbytes(),), (1,)))
+            new, byte0 = base.untyped_storage(), base.storage_offset()  # the arena's storage; bytes into it
+            for t in views:  # byte0 is a multiple of 4096, so of every element size
+                t.data = torch.empty(0, dtype=t.dtype).set_(
+                    new, byte0 // t.element_size() + t.storage_offset(), t.size(), t.stride()
+                )
+            del old, base
+            offset += sizes[key]
+    return offset
+
+
+def zeros(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    """`count` zero CPU tensors of `shape` and `dtype`, back to back (each on a 4 KiB boundary) in one huge-page
+    arena where `available()`, else plain `torch.zeros`."""
+    if not available() or count == 0:
+        return [torch.zeros(shape, dtype=dtype) for _ in range(count)]
+    nbytes = torch.empty(0, dtype=dtype).element_size() * int(torch.Size(shape).numel())
+    step = (nbytes + 4095) // 4096 * 4096
+    home = arena(step * count)
+    return [home[i * step : i * step + nbytes].view(dtype).view(shape) for i in range(count)]
