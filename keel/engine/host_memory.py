@@ -16,6 +16,7 @@ nothing moves and the pools are plain `torch.zeros`.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from collections.abc import Iterable, Mapping
@@ -115,7 +116,19 @@ def rehome(tensors: Iterable[torch.Tensor]) -> int:
                 )
             del old, base
             offset += sizes[key]
+    _trim_heap()
     return offset
+
+
+def _trim_heap() -> None:
+    """Hand the freed old storages back to the system: glibc's malloc keeps freed blocks under its dynamic mmap
+    threshold in the heap, so the process would otherwise hold both copies of the weights in its resident set
+    (docs/measurements/2026-12-03-huge-pages.md); malloc_trim(0) releases the free pages. A no-op where the C
+    library has no malloc_trim."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        trim(0)
 
 
 def zeros(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
