@@ -131,12 +131,23 @@ def _trim_heap() -> None:
         trim(0)
 
 
+GROUP_BYTES = 32 << 20  # zeros(): tensors share an arena up to this size
+
+
 def zeros(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
-    """`count` zero CPU tensors of `shape` and `dtype`, back to back (each on a 4 KiB boundary) in one huge-page
-    arena where `available()`, else plain `torch.zeros`."""
+    """`count` zero CPU tensors of `shape` and `dtype` on huge pages where `available()` (else plain
+    `torch.zeros`): back to back (each on a 4 KiB boundary) in arenas of up to GROUP_BYTES, or one arena each
+    when one is bigger. Small tensors then share huge pages instead of taking one each, and an arena is
+    unmapped when its last tensor goes, so replacing the tensors one by one (a pool growing layer by layer)
+    holds at most one arena's worth of old memory beside the new."""
     if not available() or count == 0:
         return [torch.zeros(shape, dtype=dtype) for _ in range(count)]
     nbytes = torch.empty(0, dtype=dtype).element_size() * int(torch.Size(shape).numel())
     step = (nbytes + 4095) // 4096 * 4096
-    home = arena(step * count)
-    return [home[i * step : i * step + nbytes].view(dtype).view(shape) for i in range(count)]
+    per = max(1, GROUP_BYTES // max(step, 1))
+    out: list[torch.Tensor] = []
+    for first in range(0, count, per):
+        n = min(per, count - first)
+        home = arena(step * n)
+        out += [home[i * step : i * step + nbytes].view(dtype).view(shape) for i in range(n)]
+    return out

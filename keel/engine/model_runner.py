@@ -90,7 +90,7 @@ class ModelRunner:
         if not have:
             for attn in self.attention:  # free the old pools first
                 attn.k_cache = attn.v_cache = torch.empty(0)
-        if self.device.type == "cpu":  # one huge-page arena for every pool (keel/engine/host_memory.py)
+        if self.device.type == "cpu":  # on huge pages, in arenas of up to 32 MiB (keel/engine/host_memory.py)
             pools = host_memory.zeros(2 * len(self.attention), shape, self.dtype)
         else:
             pools = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * len(self.attention))]

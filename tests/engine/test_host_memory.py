@@ -16,7 +16,7 @@ needs_thp = pytest.mark.skipif(
 
 def advised(t: torch.Tensor) -> bool:
     """Whether the mapping holding t's first byte carries the MADV_HUGEPAGE flag ("hg" in /proc/self/smaps)."""
-    addr, current = t.data_ptr(), None
+    addr, current = t.data_ptr(), False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and ":" not in head:
@@ -98,6 +98,22 @@ def test_zeros_are_zero_separate_and_advised(monkeypatch):
     assert [p.unique().tolist() for p in pools] == [[1.0], [2.0], [3.0], [4.0]]  # no overlap
     with pytest.raises(ValueError, match="nbytes must be >= 0"):
         host_memory.arena(-1)
+
+
+@needs_thp
+def test_zeros_share_arenas_up_to_the_group_size(monkeypatch):
+    """Tensors fill arenas of up to GROUP_BYTES (so a pool replaced layer by layer frees its old memory arena by
+    arena), and a tensor bigger than that gets its own."""
+    monkeypatch.delenv("KEEL_HUGE_PAGES", raising=False)
+    shape = (16, 1024)  # 32 KiB of bf16
+    monkeypatch.setattr(host_memory, "GROUP_BYTES", 2 * 32 * 1024)
+    pools = host_memory.zeros(5, shape, torch.bfloat16)
+    homes = [p.untyped_storage().data_ptr() for p in pools]  # an arena is one storage (adjacent mappings may merge)
+    assert homes[0] == homes[1] and homes[2] == homes[3]
+    assert len({homes[0], homes[2], homes[4]}) == 3
+    monkeypatch.setattr(host_memory, "GROUP_BYTES", 1024)  # smaller than one tensor: one arena each
+    homes = [p.untyped_storage().data_ptr() for p in host_memory.zeros(3, shape, torch.bfloat16)]
+    assert len(set(homes)) == 3
 
 
 @needs_thp
