@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
+from keel.engine import host_memory
 from keel.engine.config import DEFAULTS, EngineConfig
 from keel.engine.dtypes import resolve_dtype
 from keel.engine.errors import RequestValidationError
@@ -77,6 +78,7 @@ class LLMEngine:
             cpu_prepack=cpu_prepack,
             quantization=quantization,
         )
+        host_memory.wanted()  # an unknown KEEL_HUGE_PAGES is refused before anything is read or loaded
         self.model_id = cfg.model
         self.folder = resolve_model(cfg.model, cfg.revision)
         raw = read_config_json(self.folder / "config.json")

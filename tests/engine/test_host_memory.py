@@ -136,3 +136,12 @@ def test_engine_weights_and_kv_pools_on_huge_pages_same_tokens(hf_cache, monkeyp
         placed[switch] = [advised(t) for t in (model.model.embed_tokens.weight, attn.k_cache, attn.v_cache)]
     assert placed["1"] == [True, True, True]
     assert outs["0"] == outs["1"]
+
+
+def test_engine_refuses_an_unknown_switch_before_loading(monkeypatch):
+    """A bad KEEL_HUGE_PAGES stops the engine before it resolves the model (a missing folder would say so)."""
+    from keel.engine import LLMEngine
+
+    monkeypatch.setenv("KEEL_HUGE_PAGES", "sometimes")
+    with pytest.raises(host_memory.HugePagesSettingError, match="KEEL_HUGE_PAGES='sometimes'"):
+        LLMEngine("/nonexistent/model-folder", device="cpu")
