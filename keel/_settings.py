@@ -1,4 +1,5 @@
-"""What keel checks before any native library loads: the torch floor and the KEEL_CPU_ISA level.
+"""What keel checks before any native library loads: the torch floor and the KEEL_CPU_ISA level; and the
+KEEL_HUGE_PAGES switch with the kernel's transparent-huge-page mode (keel/engine/host_memory.py reads them).
 
 The one home of both: keel/_native.py, the vendored loaders (keel/vendored/_loader.py) and `keel doctor`
 read them here. This module imports nothing but the standard library, so `keel doctor` can load it by
@@ -8,10 +9,12 @@ csrc/stable/cpu_isa_level.h, with the same levels.
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from collections.abc import Mapping
 from importlib import metadata
+from pathlib import Path
 
 # Oldest torch whose stable ABI the libraries use; builds target it (TORCH_TARGET_VERSION). A wheel's own
 # `torch>=` requirement (written by keel's audit at build time) takes precedence where it is installed.
@@ -52,3 +55,43 @@ def cpu_isa_level(environ: Mapping[str, str] | None = None) -> str:
             f"{', '.join(CPU_ISA_LEVELS)} (or unset for auto)"
         )
     return value
+
+
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+HUGE_PAGES_CHOICES = "0 / off or 1 / on / auto"
+
+
+class HugePagesSettingError(ValueError):
+    """KEEL_HUGE_PAGES holds a value other than 0 / off / 1 / on / auto."""
+
+
+def huge_pages_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether KEEL_HUGE_PAGES asks for huge pages: unset, "", 1, on, auto: yes; 0, off: no; anything else
+    raises HugePagesSettingError naming the variable, the value and the choices."""
+    value = (os.environ if environ is None else environ).get("KEEL_HUGE_PAGES", "").strip().lower()
+    if value in ("", "1", "on", "auto"):
+        return True
+    if value in ("0", "off"):
+        return False
+    raise HugePagesSettingError(
+        f"keel: KEEL_HUGE_PAGES={value!r} is not a known setting; expected {HUGE_PAGES_CHOICES}"
+    )
+
+
+def thp_mode(path: Path = THP_ENABLED) -> str:
+    """The kernel's transparent-huge-page mode: "always", "madvise", "never", or "unavailable" (no such file,
+    as off Linux or in a kernel built without THP)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "unavailable"
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return "unavailable"
+
+
+def huge_pages_available(environ: Mapping[str, str] | None = None) -> bool:
+    """Huge pages can be asked for here (Python's mmap has MADV_HUGEPAGE, the kernel's mode is madvise or always)
+    and KEEL_HUGE_PAGES does not refuse them (an unknown value raises HugePagesSettingError)."""
+    return huge_pages_wanted(environ) and hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")

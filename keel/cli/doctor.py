@@ -77,6 +77,7 @@ class Report:
     twin_cuda: tuple[int, int] | None = None  # the CUDA toolkit keel's CUDA twins were built with
     cpu_isa: str = ""
     cpu_flags: list[str] = field(default_factory=list)
+    huge_pages: str = ""  # where the engine puts CPU weights and K/V pools (keel/engine/host_memory.py)
     caches: dict[str, str] = field(default_factory=dict)
     problems: list[tuple[str, str]] = field(default_factory=list)  # (what is wrong, the fix)
     warnings: list[str] = field(default_factory=list)
@@ -278,8 +279,25 @@ def gather(load: bool = True) -> Report:
         level = None
     isa = _cpu_isa(report) if load else "not asked (--no-load: keel's libraries were not loaded)"
     report.cpu_isa = isa + (f" (KEEL_CPU_ISA={level})" if level and level != "auto" else "")
+    report.huge_pages = _huge_pages(report)
     report.caches = _caches()
     return report
+
+
+def _huge_pages(report: Report) -> str:
+    """One line: whether the engine will put CPU weights and K/V pools on transparent huge pages here; an unknown
+    KEEL_HUGE_PAGES is a problem (the engine refuses to start)."""
+    try:
+        on = _settings.huge_pages_available()
+    except _settings.HugePagesSettingError as exc:
+        report.problems.append((str(exc), f"unset KEEL_HUGE_PAGES or set it to {_settings.HUGE_PAGES_CHOICES}"))
+        return "KEEL_HUGE_PAGES not understood (see the problem below)"
+    mode = _settings.thp_mode()
+    if on:
+        return f"CPU weights and K/V pools on transparent huge pages (kernel THP mode {mode})"
+    if not _settings.huge_pages_wanted():
+        return f"base pages (KEEL_HUGE_PAGES turns huge pages off; kernel THP mode {mode})"
+    return f"base pages (no transparent huge pages to ask for here: kernel THP mode {mode})"
 
 
 # keel's library answers in a fresh process (keel._native.cpu_isa_status: codes and the library's reason
@@ -370,6 +388,8 @@ def render(report: Report) -> str:
     )
     out.append(f"CUDA: {drv}" + (f"; {twin}" if twin else ""))
     out.append(f"CPU ISA of keel's kernels: {report.cpu_isa}; CPU flags: {' '.join(report.cpu_flags) or '-'}")
+    if report.huge_pages:
+        out.append(f"host memory: {report.huge_pages}")
     for name, where in report.caches.items():
         out.append(f"model cache ({name}): {where}")
     for w in report.warnings:

@@ -4,9 +4,9 @@ A CPU decode step streams every weight once and reads each sequence's cache bloc
 of SmolLM2-135M span some 66,000 pages a token, so the streaming loads keep missing the TLB; weights allocated
 tensor by tensor do not get huge pages even where the kernel offers them (`madvise` mode needs the advice,
 and a tensor under 2 MiB cannot hold an aligned huge page). So the model runner moves the model's parameters
-and buffers into one private anonymous mapping advised MADV_HUGEPAGE, and gives the KV pools one such mapping
-per size (anonymous memory is zero-filled and touched lazily, as `torch.zeros` is not). The figures:
-docs/measurements/2026-12-03-huge-pages.md.
+and buffers into one private anonymous mapping advised MADV_HUGEPAGE, and lays the KV pools back to back in
+such mappings of up to 32 MiB (anonymous memory is zero-filled and touched lazily, as `torch.zeros` is not).
+The figures: docs/measurements/2026-12-03-huge-pages.md.
 
 Only the placement changes: the same values, the same tensor objects (their `.data` is re-pointed), strides
 and offsets; aliasing between tensors of one storage is kept. Where huge pages cannot be had (not Linux, a
@@ -18,49 +18,17 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Iterable
 
 import torch
 
+from keel._settings import HugePagesSettingError, thp_mode
+from keel._settings import huge_pages_available as available  # the mode, MADV_HUGEPAGE, the switch
+from keel._settings import huge_pages_wanted as wanted  # KEEL_HUGE_PAGES (an unknown value raises)
+
+__all__ = ["HUGE_PAGE", "HugePagesSettingError", "arena", "available", "rehome", "thp_mode", "wanted", "zeros"]
+
 HUGE_PAGE = 2 << 20  # the x86-64 / arm64 (4 KiB base) transparent huge page
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-_SWITCH = "KEEL_HUGE_PAGES"
-
-
-class HugePagesSettingError(ValueError):
-    """KEEL_HUGE_PAGES holds a value other than 0 / 1 / off / on / auto."""
-
-
-def thp_mode(path: Path = THP_ENABLED) -> str:
-    """The kernel's transparent-huge-page mode: "always", "madvise", "never", or "unavailable" (no such file,
-    as off Linux or in a kernel built without THP)."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return "unavailable"
-    for word in text.split():
-        if word.startswith("[") and word.endswith("]"):
-            return word[1:-1]
-    return "unavailable"
-
-
-def wanted(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether KEEL_HUGE_PAGES asks for huge pages: unset, "", 1, on, auto: yes; 0, off: no; anything else
-    raises HugePagesSettingError naming the variable, the value and the choices."""
-    value = (os.environ if environ is None else environ).get(_SWITCH, "").strip().lower()
-    if value in ("", "1", "on", "auto"):
-        return True
-    if value in ("0", "off"):
-        return False
-    raise HugePagesSettingError(f"keel: {_SWITCH}={value!r} is not a known setting; expected 0 / off or 1 / on / auto")
-
-
-def available(environ: Mapping[str, str] | None = None) -> bool:
-    """Huge pages can be asked for here (Python's mmap has MADV_HUGEPAGE, the kernel's mode is madvise or always)
-    and KEEL_HUGE_PAGES does not refuse them."""
-    return wanted(environ) and hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
 
 
 def arena(nbytes: int) -> torch.Tensor:

@@ -156,3 +156,24 @@ def test_isa_line_is_the_librarys_own_answer(real: doctor.Report) -> None:
     want = f"{status.build}; bf16/FP8 prompt GEMMs: {amx}; vendored flash_attn: {cpu_isa()}"
     assert real.cpu_isa == want + (f" (KEEL_CPU_ISA={level})" if level != "auto" else ""), real.cpu_isa
     assert doctor._amx_state() == amx
+
+
+def test_huge_pages_line_and_an_unknown_switch(quick, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host-memory line says what the engine will do with this kernel's THP mode and KEEL_HUGE_PAGES; an
+    unknown KEEL_HUGE_PAGES is a problem with its fix (the engine refuses to start on it)."""
+    from keel import _settings
+
+    monkeypatch.delenv("KEEL_HUGE_PAGES", raising=False)
+    mode = _settings.thp_mode()
+    line = doctor.gather(load=False).huge_pages
+    if _settings.huge_pages_available():
+        assert line == f"CPU weights and K/V pools on transparent huge pages (kernel THP mode {mode})"
+    else:
+        assert line.startswith("base pages (no transparent huge pages") and mode in line
+    monkeypatch.setenv("KEEL_HUGE_PAGES", "off")
+    assert doctor.gather(load=False).huge_pages.startswith("base pages (KEEL_HUGE_PAGES turns huge pages off")
+    monkeypatch.setenv("KEEL_HUGE_PAGES", "lots")
+    bad = doctor.gather(load=False)
+    assert not bad.ok and "host memory: KEEL_HUGE_PAGES not understood" in doctor.render(bad)
+    assert ("keel: KEEL_HUGE_PAGES='lots' is not a known setting; expected 0 / off or 1 / on / auto",
+            "unset KEEL_HUGE_PAGES or set it to 0 / off or 1 / on / auto") in bad.problems  # fmt: skip
