@@ -288,15 +288,15 @@ def _huge_pages(report: Report) -> str:
     """One line: whether the engine will put CPU weights and K/V pools on transparent huge pages here; an unknown
     KEEL_HUGE_PAGES is a problem (the engine refuses to start)."""
     try:
-        on = _settings.huge_pages_available()
+        wanted = _settings.huge_pages_wanted()
     except _settings.HugePagesSettingError as exc:
         report.problems.append((str(exc), f"unset KEEL_HUGE_PAGES or set it to {_settings.HUGE_PAGES_CHOICES}"))
         return "KEEL_HUGE_PAGES not understood (see the problem below)"
     mode = _settings.thp_mode()
-    if on:
-        return f"CPU weights and K/V pools on transparent huge pages (kernel THP mode {mode})"
-    if not _settings.huge_pages_wanted():
+    if not wanted:
         return f"base pages (KEEL_HUGE_PAGES turns huge pages off; kernel THP mode {mode})"
+    if _settings.huge_pages_available():
+        return f"CPU weights and K/V pools on transparent huge pages (kernel THP mode {mode})"
     return f"base pages (no transparent huge pages to ask for here: kernel THP mode {mode})"
 
 

@@ -29,6 +29,12 @@ from keel._settings import huge_pages_wanted as wanted  # KEEL_HUGE_PAGES (an un
 __all__ = ["HUGE_PAGE", "HugePagesSettingError", "arena", "available", "rehome", "thp_mode", "wanted", "zeros"]
 
 HUGE_PAGE = 2 << 20  # the x86-64 / arm64 (4 KiB base) transparent huge page
+PAGE = 4096  # each tensor of an arena starts on a base page
+_CPU = torch.device("cpu")
+
+
+def _round_up(n: int, unit: int) -> int:
+    return (n + unit - 1) // unit * unit
 
 
 def arena(nbytes: int) -> torch.Tensor:
@@ -36,7 +42,7 @@ def arena(nbytes: int) -> torch.Tensor:
     MADV_HUGEPAGE; the mapping lives as long as any view of the result. Call only where `available()`."""
     if nbytes < 0:
         raise ValueError(f"keel.engine.host_memory.arena: nbytes must be >= 0, got {nbytes}")
-    size = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE + HUGE_PAGE  # room to align the start
+    size = _round_up(nbytes, HUGE_PAGE) + HUGE_PAGE  # room to align the start
     # MAP_PRIVATE: Python's default for an anonymous map is shared memory, which THP `enabled` does not govern
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
@@ -50,11 +56,11 @@ def _movable(t: torch.Tensor) -> bool:
 
 
 def rehome(tensors: Iterable[torch.Tensor]) -> int:
-    """Move the storages of `tensors` (CPU, strided, non-empty; others are left) into one huge-page arena, each
-    storage on its own 4 KiB boundary, and re-point every given tensor at its storage's new home (same dtype,
-    offset, size and stride). Returns the bytes moved (0 where `available()` is false). One storage's old
-    memory is freed as soon as it is copied, when nothing else holds it, so the peak is about one storage
-    over the total."""
+    """Move the storages of `tensors` (CPU, strided, non-empty; others, a GPU model's included, are left) into
+    one huge-page arena, each storage on its own base-page boundary, and re-point every given tensor at its
+    storage's new home (same dtype, offset, size and stride). Returns the bytes moved (0 where `available()` is
+    false). One storage's old memory is freed as soon as it is copied, when nothing else holds it, so the peak
+    is about one storage over the total."""
     if not available():
         return 0
     groups: dict[int, list[torch.Tensor]] = {}
@@ -69,7 +75,7 @@ def rehome(tensors: Iterable[torch.Tensor]) -> int:
         storages.setdefault(s.data_ptr(), s)
     if not groups:
         return 0
-    sizes = {key: (s.nbytes() + 4095) // 4096 * 4096 for key, s in storages.items()}
+    sizes = {key: _round_up(s.nbytes(), PAGE) for key, s in storages.items()}
     home = arena(sum(sizes.values()))
     offset = 0
     with torch.no_grad():
@@ -78,7 +84,7 @@ def rehome(tensors: Iterable[torch.Tensor]) -> int:
             base = home[offset : offset + old.nbytes()]
             base.copy_(torch.empty(0, dtype=torch.uint8).set_(old, 0, (old.nbytes(),), (1,)))
             new, byte0 = base.untyped_storage(), base.storage_offset()  # the arena's storage; bytes into it
-            for t in views:  # byte0 is a multiple of 4096, so of every element size
+            for t in views:  # byte0 is a multiple of PAGE, so of every element size
                 t.data = torch.empty(0, dtype=t.dtype).set_(
                     new, byte0 // t.element_size() + t.storage_offset(), t.size(), t.stride()
                 )
@@ -102,16 +108,16 @@ def _trim_heap() -> None:
 GROUP_BYTES = 32 << 20  # zeros(): tensors share an arena up to this size
 
 
-def zeros(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
-    """`count` zero CPU tensors of `shape` and `dtype` on huge pages where `available()` (else plain
-    `torch.zeros`): back to back (each on a 4 KiB boundary) in arenas of up to GROUP_BYTES, or one arena each
-    when one is bigger. Small tensors then share huge pages instead of taking one each, and an arena is
-    unmapped when its last tensor goes, so replacing the tensors one by one (a pool growing layer by layer)
-    holds at most one arena's worth of old memory beside the new."""
-    if not available() or count == 0:
-        return [torch.zeros(shape, dtype=dtype) for _ in range(count)]
-    nbytes = torch.empty(0, dtype=dtype).element_size() * int(torch.Size(shape).numel())
-    step = (nbytes + 4095) // 4096 * 4096
+def zeros(count: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device = _CPU) -> list[torch.Tensor]:
+    """`count` zero tensors of `shape` and `dtype` on `device`: on the CPU where `available()`, on huge pages, back
+    to back (each on a base-page boundary) in arenas of up to GROUP_BYTES, or one arena each when one is bigger;
+    anywhere else plain `torch.zeros`. Small tensors then share huge pages instead of taking one each, and an
+    arena is unmapped when its last tensor goes, so replacing the tensors one by one (a pool growing layer by
+    layer) holds at most one arena's worth of old memory beside the new."""
+    if device.type != "cpu" or not available() or count == 0:
+        return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(count)]
+    nbytes = dtype.itemsize * int(torch.Size(shape).numel())
+    step = _round_up(nbytes, PAGE)
     per = max(1, GROUP_BYTES // max(step, 1))
     out: list[torch.Tensor] = []
     for first in range(0, count, per):

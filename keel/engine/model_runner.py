@@ -67,8 +67,7 @@ class ModelRunner:
         if cpu_prepack and can_pack(weight):
             pack_linears(model)
         keel_linears(model)  # whatever is still a plain nn.Linear
-        if self.device.type == "cpu":  # the weights as they now are, on huge pages (keel/engine/host_memory.py)
-            host_memory.rehome([*model.parameters(), *model.buffers()])
+        host_memory.rehome([*model.parameters(), *model.buffers()])  # CPU weights as they now are, on huge pages
         model.flatten()  # forward through one flat function over the layers as they now are (models/llama.py)
         self.block_size = block_size
         self.attention = [m for m in model.modules() if isinstance(m, PagedAttention)]
@@ -90,10 +89,7 @@ class ModelRunner:
         if not have:
             for attn in self.attention:  # free the old pools first
                 attn.k_cache = attn.v_cache = torch.empty(0)
-        if self.device.type == "cpu":  # on huge pages, in arenas of up to 32 MiB (keel/engine/host_memory.py)
-            pools = host_memory.zeros(2 * len(self.attention), shape, self.dtype)
-        else:
-            pools = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * len(self.attention))]
+        pools = host_memory.zeros(2 * len(self.attention), shape, self.dtype, self.device)  # CPU: on huge pages
         for attn, k, v in zip(self.attention, pools[0::2], pools[1::2], strict=True):
             if have:
                 k[:have].copy_(attn.k_cache)
