@@ -267,7 +267,8 @@ class AsyncEngine(Generic[EngineT]):
                     self._apply(cmd)
                 if self.engine.has_unfinished_requests():
                     self._step()
-                self._snapshot()
+                else:
+                    self._snapshot()
         except BaseException as exc:  # a broken engine: fail every waiting caller, then stop
             self.error = exc
             self._fail_all(exc)
@@ -293,14 +294,18 @@ class AsyncEngine(Generic[EngineT]):
         cmd.loop.call_soon_threadsafe(_resolve, cmd.added, None)
 
     def _step(self) -> None:
+        """One engine step; the metrics are published before its outputs reach the callers, so a client
+        that reads /metrics after its response sees its own tokens counted."""
         try:
             outputs = self.engine.step()
             self.steps += 1
         except Exception as exc:  # fail the requests in flight, free their blocks, keep serving
             for rid in list(self._routes):
                 self.engine.abort_request(rid)
+            self._snapshot()
             self._fail_all(exc)
             return
+        self._snapshot()
         batches: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
         for out in outputs:
             route = self._routes.get(out.request_id)

@@ -76,6 +76,41 @@ def test_outputs_admission_and_abort():
     assert not engine.alive and engine.error is None
 
 
+class CountingEngine(CountdownEngine):
+    """Counts generated tokens in its metrics, and is slow to report them (as a busy host can be)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generated = 0
+
+    def step(self) -> list[RequestOutput]:
+        outs = super().step()
+        self.generated += len(outs)
+        return outs
+
+    def metrics(self) -> EngineMetrics:
+        time.sleep(0.05)  # the event loop gets the outputs meanwhile if they were sent before the metrics
+        return EngineMetrics(len(self.left), 0, 0, 1, 0, self.generated, 0, 0, 0)
+
+
+def test_metrics_count_a_token_before_its_caller_gets_it():
+    """A client that reads /metrics right after its response must see its tokens counted."""
+    engine = AsyncEngine(CountingEngine(), max_admitted=2)
+
+    async def scenario() -> None:
+        stream = await engine.open(["a"], [[1, 2, 3]], [SamplingParams()])
+        seen = 0
+        async for _ in stream:
+            seen += 1
+            assert engine.metrics_snapshot.generation_tokens_total >= seen
+        stream.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OS thread names are read from /proc (Linux)")
 def test_engine_thread_has_its_os_name():
     """The engine thread is `keel-engine` to the OS (/proc/<pid>/task/<tid>/comm, `top -H`), so a per-thread
