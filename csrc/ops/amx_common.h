@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ops/vec_sum.h"
 #include "stable/kernel_types.h"
 
 #if defined(__AVX2__)
@@ -92,16 +93,7 @@ KEEL_AMX inline void pack_x(const uint16_t* x, int64_t x_row, int64_t m, int64_t
   }
 }
 
-// fp32 -> bf16 as keel::store(bf16_t*, float) does: round to nearest even, a NaN stays a quiet NaN.
-KEEL_AMX KEEL_KINLINE __m256i round_bf16(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
-}
+using vec::round_bf16;  // fp32 -> bf16 as keel::store(bf16_t*, float), 16 lanes (vec_sum.h)
 
 // 32 outputs of one x row (lo: features 0..15, hi: 16..31) -> bf16 at dst, the first `count` of them. Rounded
 // as keel::store(bf16_t*, float): vcvtne2ps2bf16 (nearest even, quiet NaN) matches it except on fp32

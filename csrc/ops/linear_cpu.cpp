@@ -138,7 +138,9 @@ void cols_impl(const LinearParams& p, int64_t begin, int64_t end) {
 #define KEEL_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 using vec::hsum16;
+using vec::hsum16x16;
 using vec::hsum16x4;
+using vec::round_bf16;
 
 // MR x rows times NR weight rows, 32 columns a step, one accumulator per output (MR * NR independent dpbf16
 // chains), so each step loads MR + NR vectors for MR * NR dot-product steps. Every output is summed in the
@@ -187,6 +189,25 @@ KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t
   }
   bf16_t* out = static_cast<bf16_t*>(p.out);
   const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
+  if constexpr (MR == 4 && NR == 4) {  // the prompt and batched-decode tile: one vector epilogue
+    __m512 v[16];
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) v[4 * j + m] = acc[m][j];
+    }
+    __m512 s = hsum16x16(v);  // lane 4m + j: hsum16 of acc[m][j]
+    if (bias) {
+      alignas(16) float b4[4];
+      for (int j = 0; j < 4; ++j) b4[j] = load(bias + (r0 + j) * p.bias_stride);
+      s = _mm512_add_ps(s, _mm512_broadcast_f32x4(_mm_load_ps(b4)));
+    }
+    const __m256i h = round_bf16(s);
+    alignas(32) uint64_t rows[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rows), h);
+    for (int m = 0; m < 4; ++m) std::memcpy(out + (m0 + m) * p.n + r0, &rows[m], sizeof(uint64_t));
+    return;
+  }
   for (int m = 0; m < MR; ++m) {
     alignas(16) float s[4];
     if (NR == 4) {  // the same tree as hsum16, four outputs at once
