@@ -66,7 +66,8 @@ KEEL_VEC_AVX512 KEEL_KINLINE __m512 hsum16x16(const __m512* v) {
                          _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
 #pragma GCC unroll 2
   for (int i = 0; i < 2; ++i)  // quarter q of c[i]: (f0 + f1, f2 + f3) of v[8i + q], then of v[8i + 4 + q]
-    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xDD));
+    c[i] =
+        _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xDD));
   // quarter k: the sums of v[k], v[4 + k], v[8 + k], v[12 + k]
   return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
 }
