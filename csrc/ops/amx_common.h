@@ -11,8 +11,7 @@
 #include "stable/kernel_types.h"
 
 #if defined(__AVX2__)
-// GCC 12's intrinsic headers self-initialize their undefined-value placeholders (`__Y = __Y`)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// (vec_sum.h, included above, silences GCC 12's intrinsic-header warnings)
 #include <immintrin.h>
 
 #define KEEL_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))

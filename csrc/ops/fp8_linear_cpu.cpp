@@ -22,9 +22,7 @@
 #include "ops/vec_sum.h"
 
 #if defined(__AVX2__)
-// GCC 12's intrinsic headers self-initialize their undefined-value placeholders (`__Y = __Y`),
-// which -Wmaybe-uninitialized reports at every inlined use
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// (vec_sum.h, included above, silences GCC 12's intrinsic-header warnings)
 #include <immintrin.h>
 #endif
 

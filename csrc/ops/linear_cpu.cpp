@@ -139,7 +139,6 @@ void cols_impl(const LinearParams& p, int64_t begin, int64_t end) {
 
 using vec::hsum16;
 using vec::hsum16x16;
-using vec::hsum16x4;
 using vec::round_bf16;
 
 // MR x rows times NR weight rows, 32 columns a step, one accumulator per output (MR * NR independent dpbf16
@@ -189,12 +188,12 @@ KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t
   }
   bf16_t* out = static_cast<bf16_t*>(p.out);
   const bf16_t* bias = static_cast<const bf16_t*>(p.bias);
-  if constexpr (MR == 4 && NR == 4) {  // the prompt and batched-decode tile: one vector epilogue
+  if constexpr (NR == 4) {  // prompts and batched decode: one vector epilogue (rows past MR reduce zeros)
     __m512 v[16];
 #pragma GCC unroll 4
     for (int m = 0; m < 4; ++m) {
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) v[4 * j + m] = acc[m][j];
+      for (int j = 0; j < 4; ++j) v[4 * j + m] = m < MR ? acc[m < MR ? m : 0][j] : _mm512_setzero_ps();
     }
     __m512 s = hsum16x16(v);  // lane 4m + j: hsum16 of acc[m][j]
     if (bias) {
@@ -202,22 +201,16 @@ KEEL_AVX512BF16 inline void tile_bf16(const LinearParams& p, int64_t m0, int64_t
       for (int j = 0; j < 4; ++j) b4[j] = load(bias + (r0 + j) * p.bias_stride);
       s = _mm512_add_ps(s, _mm512_broadcast_f32x4(_mm_load_ps(b4)));
     }
-    const __m256i h = round_bf16(s);
-    alignas(32) uint64_t rows[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(rows), h);
-    for (int m = 0; m < 4; ++m) std::memcpy(out + (m0 + m) * p.n + r0, &rows[m], sizeof(uint64_t));
-    return;
-  }
-  for (int m = 0; m < MR; ++m) {
-    alignas(16) float s[4];
-    if (NR == 4) {  // the same tree as hsum16, four outputs at once
-      _mm_store_ps(s, hsum16x4(acc[m][0], acc[m][NR > 1 ? 1 : 0], acc[m][NR > 2 ? 2 : 0], acc[m][NR > 3 ? 3 : 0]));
-    } else {
-      for (int j = 0; j < NR; ++j) s[j] = hsum16(acc[m][j]);
-    }
-    for (int j = 0; j < NR; ++j) {
-      if (bias) s[j] += load(bias + (r0 + j) * p.bias_stride);
-      store(out + (m0 + m) * p.n + r0 + j, s[j]);
+    alignas(32) uint64_t rows[4];  // row m's four bf16 outputs
+    _mm256_store_si256(reinterpret_cast<__m256i*>(rows), round_bf16(s));
+    for (int m = 0; m < MR; ++m) std::memcpy(out + (m0 + m) * p.n + r0, &rows[m], sizeof(uint64_t));
+  } else {  // decode at 1-3 rows: one weight row at a time
+    for (int m = 0; m < MR; ++m) {
+      for (int j = 0; j < NR; ++j) {
+        float s = hsum16(acc[m][j]);
+        if (bias) s += load(bias + (r0 + j) * p.bias_stride);
+        store(out + (m0 + m) * p.n + r0 + j, s);
+      }
     }
   }
 }
