@@ -24,5 +24,9 @@ KEEL_LIBRARY(m) {
   m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   // x @ dequant(qweight).T + bias for an e4m3 qweight [N, K] with fp32 scales per 128-wide K block, one per
   // row ([N, ceil(K/128)]) or per 128 rows ([ceil(N/128), ceil(K/128)]); x is not quantized. CPU only.
-  m.def("fp8_linear(Tensor x, Tensor qweight, Tensor scale, Tensor? bias) -> Tensor");
+  // special_rows (bool [N], optional): fp8_special_rows(qweight), computed once at load; the one-row GEMV then
+  // skips its per-call scan of the weight for e4m3 bytes its fast decode cannot take.
+  m.def("fp8_linear(Tensor x, Tensor qweight, Tensor scale, Tensor? bias, Tensor? special_rows=None) -> Tensor");
+  // bool [N]: whether row n of an e4m3 qweight [N, K] holds a subnormal or NaN byte. CPU only.
+  m.def("fp8_special_rows(Tensor qweight) -> Tensor");
 }

@@ -61,6 +61,11 @@ SCHEMAS: dict[str, tuple[str, ...]] = {
         "Tensor qweight",
         "Tensor scale",
         "Tensor? bias",
+        "Tensor? special_rows=None",
+        "-> Tensor",
+    ),
+    "keel::fp8_special_rows": (
+        "Tensor qweight",
         "-> Tensor",
     ),
     "keel_deep_gemm::fp8_gemm_nt": (

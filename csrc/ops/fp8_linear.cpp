@@ -1,5 +1,6 @@
 // keel/csrc/ops/fp8_linear.cpp
-// keel::fp8_linear(Tensor x, Tensor qweight, Tensor scale, Tensor? bias) -> Tensor
+// keel::fp8_linear(Tensor x, Tensor qweight, Tensor scale, Tensor? bias, Tensor? special_rows=None) -> Tensor
+// keel::fp8_special_rows(Tensor qweight) -> Tensor
 //   x [..., K] (float32, bfloat16 or float16), qweight [N, K] float8_e4m3fn, scale fp32 [N, ceil(K/128)]
 //   (one per row and 128-wide K block) or [ceil(N/128), ceil(K/128)] (128x128 blocks) -> [..., N] in x's dtype.
 // Weight-only FP8 on the CPU: x is widened to fp32 once per call, the weight decoded in registers
@@ -99,9 +100,79 @@ void fp8_linear_amx_call(const char* op, const Tensor& x, const Tensor& qweight,
                [&](int64_t b, int64_t e) { cpu_avx2::fp8_linear_amx_cols(a, b, e); });
 }
 
+// Whether an e4m3 byte is one the fast (bf16) decode cannot take: a subnormal (exponent 0, mantissa not 0) or a
+// NaN (S.1111.111); zeros are fine. The same set as fp8_linear_cpu.cpp's special_bytes.
+inline bool special_e4m3(uint8_t b) {
+  const unsigned mag = b & 0x7Fu;
+  return mag == 0x7Fu || (mag - 1u) < 7u;
+}
+
+// The same test on 8 bytes at once: bit 7 of a byte of the result is set where the byte is special. With
+// m = b & 0x7F, no per-byte sum below carries into the next byte: m + 1 reaches 0x80 only for NaN (0x7F), m + 0x7F
+// has bit 7 for m != 0, (m & 0x78) + 0x78 for a nonzero exponent.
+inline uint64_t special_e4m3_x8(uint64_t v) {
+  constexpr uint64_t kLow7 = 0x7F7F7F7F7F7F7F7Full, kHigh = 0x8080808080808080ull;
+  constexpr uint64_t kOnes = 0x0101010101010101ull, kExp = 0x7878787878787878ull;
+  const uint64_t m = v & kLow7;
+  const uint64_t nan = m + kOnes;
+  const uint64_t nonzero = m + kLow7;
+  const uint64_t exp = (m & kExp) + kExp;
+  return ((nonzero & ~exp) | nan) & kHigh;
+}
+
+inline void check_special_rows(const char* op, const Tensor& special_rows, const Tensor& qweight) {
+  check_same_device(op, "special_rows", special_rows, "qweight", qweight);
+  KEEL_CHECK(dtype_code(special_rows) == aoti_torch_dtype_bool(), op, ": special_rows must be bool, got ",
+             scalar_type_name(special_rows.scalar_type()));
+  KEEL_CHECK(special_rows.dim() == 1 && special_rows.size(0) == qweight.size(0), op, ": special_rows must be [",
+             qweight.size(0), "] (one per qweight row: fp8_special_rows(qweight)), got ", shape_str(special_rows));
+}
+
 }  // namespace
 
-Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, std::optional<Tensor> bias) {
+Tensor fp8_special_rows(const Tensor& qweight) {
+  constexpr const char* op = "keel::fp8_special_rows";
+  check_library_device(op, "qweight", qweight);
+  KEEL_CHECK(dtype_code(qweight) == aoti_torch_dtype_float8_e4m3fn(), op, ": qweight must be float8_e4m3fn, got ",
+             scalar_type_name(qweight.scalar_type()));
+  KEEL_CHECK(qweight.dim() == 2, op, ": qweight must be [N, K], got ", shape_str(qweight));
+#ifdef KEEL_CUDA_LIBRARY
+  KEEL_CHECK(false, op, ": qweight must be a CPU tensor, got ", device_name(qweight));
+  return qweight;
+#else
+  const int64_t n = qweight.size(0);
+  const int64_t k = qweight.size(1);
+  Tensor out = empty_contiguous({n}, aoti_torch_dtype_bool(), qweight);
+  const auto* w = static_cast<const uint8_t*>(qweight.data_ptr());
+  const int64_t s0 = qweight.stride(0);
+  const int64_t s1 = qweight.stride(1);
+  auto* dst = static_cast<uint8_t*>(out.data_ptr());
+  parallel_for(n, grain_for(k, 65536), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const uint8_t* row = w + r * s0;
+      bool any = false;
+      if (s1 == 1) {
+        uint64_t acc = 0;
+        int64_t i = 0;
+        for (; i + 8 <= k; i += 8) {
+          uint64_t v;
+          std::memcpy(&v, row + i, sizeof(v));
+          acc |= special_e4m3_x8(v);
+        }
+        any = acc != 0;
+        for (; i < k; ++i) any |= special_e4m3(row[i]);
+      } else {
+        for (int64_t i = 0; i < k; ++i) any |= special_e4m3(row[i * s1]);
+      }
+      dst[r] = any ? 1 : 0;
+    }
+  });
+  return out;
+#endif
+}
+
+Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, std::optional<Tensor> bias,
+                  std::optional<Tensor> special_rows) {
   constexpr const char* op = "keel::fp8_linear";
 #ifdef KEEL_CUDA_LIBRARY
   KEEL_CHECK(false, op, ": x must be a CPU tensor, got ", device_name(x),
@@ -109,9 +180,11 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
   (void)qweight;
   (void)scale;
   (void)bias;
+  (void)special_rows;
   return x;
 #else
   const DType dt = check_fp8_linear_args(op, x, qweight, scale, bias);
+  if (special_rows.has_value()) check_special_rows(op, *special_rows, qweight);
   const int64_t m = leading_numel(x, x.dim() - 1);
   const int64_t k = x.size(-1);
   const int64_t n = qweight.size(0);
@@ -192,6 +265,10 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
     }
   }
   set_weight(p, qweight, scale, bias, n);
+  if (special_rows.has_value()) {
+    p.row_special = static_cast<const uint8_t*>(special_rows->data_ptr());
+    p.row_special_stride = special_rows->stride(0);
+  }
   p.k = k;
   p.out = out.data_ptr();
   const int64_t out_elem = dt == DType::kFloat32 ? 4 : 2;
@@ -215,4 +292,7 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
 
 }  // namespace keel
 
-KEEL_LIBRARY_IMPL(m) { m.impl("fp8_linear", TORCH_BOX(&keel::fp8_linear)); }
+KEEL_LIBRARY_IMPL(m) {
+  m.impl("fp8_linear", TORCH_BOX(&keel::fp8_linear));
+  m.impl("fp8_special_rows", TORCH_BOX(&keel::fp8_special_rows));
+}

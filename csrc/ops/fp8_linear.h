@@ -36,6 +36,10 @@ struct Fp8LinearParams {
   int64_t scale_rows;
   int64_t scale_s0;
   int64_t scale_s1;
+  // bool [n] every row_special_stride bytes, or nullptr: 1 where weight row r holds a subnormal or NaN byte (the
+  // caller's fp8_special_rows of w); the one-row AVX512-BF16 GEMV then trusts it instead of scanning each row
+  const uint8_t* row_special;
+  int64_t row_special_stride;
   const void* bias;  // [n] every bias_stride elements, or nullptr
   int64_t bias_stride;
   int64_t m;

@@ -412,7 +412,9 @@ KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int
 // is exactly that function's: the same per-block sums in the same order, the same 16-lane tree (three hadds
 // give hsum8's (v0+v4)+(v1+v5) + (v2+v6)+(v3+v7) for four rows at once). The tail block is read unmasked (x
 // is zero past k, and bytes past k are finite once decoded, so they add zeros, and the second scan stops at
-// k), which needs kp bytes readable from every row of the group: the caller checks it.
+// k), which needs kp bytes readable from every row of the group: the caller checks it. With the caller's
+// row_special (its fp8_special_rows of the weight, computed once at load) the side test is skipped (kScan
+// false): a row it marks goes to the exact pass directly, the others keep the fast pass's sums (same bits).
 constexpr int kDecodeRows = 4;
 
 // Whether the k bytes at `src` hold a byte block_bf16 sends to the exact decode (subnormal or NaN).
@@ -425,6 +427,7 @@ KEEL_AVX512BF16 bool row_has_special(const uint8_t* src, int64_t k) {
   return false;
 }
 
+template <bool kScan>
 KEEL_AVX512BF16 void rows_bf16_m1(const Fp8LinearParams& p, int64_t r0) {
   constexpr int R = kDecodeRows;
   const int64_t nb = p.kp / kFp8BlockK;
@@ -455,10 +458,12 @@ KEEL_AVX512BF16 void rows_bf16_m1(const Fp8LinearParams& p, int64_t r0) {
       _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetchBytes + 64), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(src + kFarPrefetchBytes), _MM_HINT_T2);
       _mm_prefetch(reinterpret_cast<const char*>(src + kFarPrefetchBytes + 64), _MM_HINT_T2);
+      if (kScan) {
 #pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m512i raw = _mm512_loadu_si512(src + 64 * h);
-        low[j] = _mm512_min_epu8(low[j], _mm512_and_si512(_mm512_add_epi8(raw, one), low7));
+        for (int h = 0; h < 2; ++h) {
+          const __m512i raw = _mm512_loadu_si512(src + 64 * h);
+          low[j] = _mm512_min_epu8(low[j], _mm512_and_si512(_mm512_add_epi8(raw, one), low7));
+        }
       }
       __m512 acc = _mm512_setzero_ps();
 #pragma GCC unroll 4
@@ -477,7 +482,9 @@ KEEL_AVX512BF16 void rows_bf16_m1(const Fp8LinearParams& p, int64_t r0) {
   for (int j = 0; j < R; ++j) {
     // a zero, subnormal or NaN byte somewhere in the row (or past k in its tail block): a subnormal or NaN
     // byte among its k bytes sends it to the exact pass
-    if (_mm512_cmple_epu8_mask(low[j], eight) != 0 && row_has_special(w0 + j * p.w_row, p.k)) {
+    const bool special = kScan ? _mm512_cmple_epu8_mask(low[j], eight) != 0 && row_has_special(w0 + j * p.w_row, p.k)
+                               : p.row_special[(r0 + j) * p.row_special_stride] != 0;
+    if (special) {
       cols_bf16_impl<1>(p, r0 + j, r0 + j + 1);
     } else {
       store_any(p, 0, r0 + j, sums[j], false);
@@ -491,7 +498,11 @@ KEEL_AVX512BF16 void cols_bf16(const Fp8LinearParams& p, int64_t begin, int64_t 
   const int64_t last_byte = (p.n - 1) * p.w_row + p.k;
   int64_t r = begin;
   for (; r + kDecodeRows <= end && (r + kDecodeRows - 1) * p.w_row + p.kp <= last_byte; r += kDecodeRows) {
-    rows_bf16_m1(p, r);
+    if (p.row_special != nullptr) {
+      rows_bf16_m1<false>(p, r);
+    } else {
+      rows_bf16_m1<true>(p, r);
+    }
   }
   if (r < end) cols_bf16_impl<1>(p, r, end);
 }

@@ -52,17 +52,51 @@ _FP8_OP = "keel::fp8_linear"
 FP8_BLOCK_K = 128  # K width of one weight scale
 
 
+_fp8_special_rows = torch.ops.keel.fp8_special_rows.default
+_SPECIAL_OP = "keel::fp8_special_rows"
+
+
 def fp8_linear(
-    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    special_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ dequant(qweight).T + bias on the CPU, x [..., K] not quantized (weight-only FP8): qweight [N, K]
     float8_e4m3fn (unit K stride), scale fp32 per 128-wide K block, [N, ceil(K/128)] (one per row) or
-    [ceil(N/128), ceil(K/128)] (one per 128 rows), bias [N] in x's dtype; new contiguous [..., N] in x's dtype."""
-    return _fp8_linear(x, qweight, scale, bias)
+    [ceil(N/128), ceil(K/128)] (one per 128 rows), bias [N] in x's dtype; new contiguous [..., N] in x's dtype.
+
+    special_rows: `fp8_special_rows(qweight)`, computed once when the weight is loaded (the kernel trusts it:
+    it must describe this qweight's current bytes). With it a one-row call skips its scan of the weight for
+    bytes its fast decode cannot take; the result is the same, bit for bit."""
+    return _fp8_linear(x, qweight, scale, bias, special_rows)
+
+
+def fp8_special_rows(qweight: torch.Tensor) -> torch.Tensor:
+    """bool [N]: whether row n of an e4m3 qweight [N, K] (CPU) holds a subnormal or NaN byte, the bytes
+    `fp8_linear`'s fast decode cannot take (its exact path does). For `fp8_linear(..., special_rows=)`."""
+    return _fp8_special_rows(qweight)
+
+
+@torch.library.register_fake("keel::fp8_special_rows")
+def _(qweight: torch.Tensor) -> torch.Tensor:
+    chk.check(
+        qweight.dtype == torch.float8_e4m3fn,
+        f"{_SPECIAL_OP}: qweight must be float8_e4m3fn, got {chk.dtype_name(qweight.dtype)}",
+    )
+    chk.check(qweight.dim() == 2, f"{_SPECIAL_OP}: qweight must be [N, K], got {chk.shape(qweight)}")
+    return qweight.new_empty((qweight.shape[0],), dtype=torch.bool)
 
 
 @torch.library.register_fake("keel::fp8_linear")
-def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    special_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     chk.float_dtype(_FP8_OP, "x", x)
     chk.min_dim(_FP8_OP, "x", x, 1)
     chk.same_device(_FP8_OP, "qweight", qweight, "x", x)
@@ -92,4 +126,15 @@ def _(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.T
         f"{chk.shape(qweight)}, got {chk.shape(scale)}",
     )
     _check_bias(_FP8_OP, bias, x, n, "qweight")
+    if special_rows is not None:
+        chk.same_device(_FP8_OP, "special_rows", special_rows, "qweight", qweight)
+        chk.check(
+            special_rows.dtype == torch.bool,
+            f"{_FP8_OP}: special_rows must be bool, got {chk.dtype_name(special_rows.dtype)}",
+        )
+        chk.check(
+            special_rows.dim() == 1 and special_rows.shape[0] == n,
+            f"{_FP8_OP}: special_rows must be [{n}] (one per qweight row: fp8_special_rows(qweight)), "
+            f"got {chk.shape(special_rows)}",
+        )
     return x.new_empty((*x.shape[:-1], n))

@@ -12,7 +12,8 @@ measures: it repeats one matrix). This script holds the whole model's projection
 (the fused qkv, o_proj, fused gate/up and down of each of --layers layers, then the lm_head; 270 MB in
 bf16, 138 MB in FP8 with its scales for SmolLM2-135M), calls each once per "token" in model order, and
 reports ms per token and the GB/s of weight bytes it implies. Peers in the same process, alternated
-round by round, best of --rounds: `keel-fp8` (keel.ops.fp8_linear, e4m3 weights with 1x128 scales),
+round by round, best of --rounds: `keel-fp8` (keel.ops.fp8_linear, e4m3 weights with 1x128 scales and, as
+Fp8Linear passes them, their special rows found once),
 `keel-bf16` (keel.ops.linear) and `torch-bf16` (torch.nn.functional.linear, oneDNN). A memory copy of
 the same bf16 bytes gives the machine's streaming rate for reference. The machine is shared: read the
 ratios of one run.
@@ -81,19 +82,19 @@ def main() -> None:
         shapes = [s for _ in range(args.layers) for s in SMOLLM2["layer"]] + [SMOLLM2["head"]]
         bf16 = [torch.randn(n, k, generator=g).mul_(0.05).bfloat16() for n, k in shapes]
     shapes = [tuple(w.shape) for w in bf16]
-    fp8 = [dg.per_token_cast_to_fp8(w.float()) for w in bf16]
+    fp8 = [(q, s, ops.fp8_special_rows(q)) for q, s in (dg.per_token_cast_to_fp8(w.float()) for w in bf16)]
     if args.rows < 1:
         p.error(f"--rows must be >= 1, got {args.rows}")
     xs = {k: torch.randn(args.rows, k, generator=g).bfloat16() for k in {k for _, k in shapes}}
     bytes_bf16 = sum(w.numel() * 2 for w in bf16)
-    bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s in fp8)
+    bytes_fp8 = sum(q.numel() + s.numel() * 4 for q, s, _ in fp8)
     src = torch.cat([w.view(-1) for w in bf16])
     dst = torch.empty_like(src)
 
-    def fp8_peer(weights: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], None]:
+    def fp8_peer(weights: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Callable[[], None]:
         def run() -> None:
-            for q, s in weights:
-                ops.fp8_linear(xs[q.shape[1]], q, s, None)
+            for q, s, special in weights:
+                ops.fp8_linear(xs[q.shape[1]], q, s, None, special)
 
         return run
 
@@ -118,10 +119,10 @@ def main() -> None:
 
         if not host_memory.available():
             p.error(f"--huge-pages: no transparent huge pages here (kernel mode {host_memory.thp_mode()!r})")
-        fp8_h = [(q.clone(), s.clone()) for q, s in fp8]
+        fp8_h = [(q.clone(), s.clone(), special) for q, s, special in fp8]
         bf16_h = [w.clone() for w in bf16]
         src_h, dst_h = src.clone(), dst.clone()
-        host_memory.rehome([*(t for pair in fp8_h for t in pair), *bf16_h, src_h, dst_h])
+        host_memory.rehome([*(t for q, s, _ in fp8_h for t in (q, s)), *bf16_h, src_h, dst_h])
         peers["keel-fp8-huge"] = (fp8_peer(fp8_h), bytes_fp8)
         peers["keel-bf16-huge"] = (bf16_peer(bf16_h, ops.linear), bytes_bf16)
         peers["copy-huge"] = (copy_peer(src_h, dst_h), 2 * bytes_bf16)

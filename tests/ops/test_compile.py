@@ -20,7 +20,7 @@ def block(x, residual, w, positions, cache, wqkv, bias, k_cache, v_cache, slots,
     ops.reshape_and_cache(k.view(-1, 2, 8), v.view(-1, 2, 8), k_cache, v_cache, slots)
     act = ops.silu_and_mul(torch.cat([q, k], dim=-1))
     y = ops.fused_muladd(act, act, 0.5)
-    o8 = ops.fp8_linear(h, w8, w8_scale, None)  # [T, 8], an FP8 projection
+    o8 = ops.fp8_linear(h, w8, w8_scale, None, ops.fp8_special_rows(w8))  # [T, 8], an FP8 projection
     x2 = x + y.sum(-1, keepdim=True) + k_cache.sum() + v_cache.sum() + o8.sum(-1, keepdim=True)
     ops.fused_add_rms_norm(x2, residual, w, 1e-6)
     return x2, residual, k_cache, v_cache

@@ -195,6 +195,54 @@ def test_rows_with_zero_subnormal_or_nan_bytes_do_not_depend_on_the_batch(k):
         assert torch.equal(one.view(torch.int16), rows[i : i + 1].view(torch.int16)), i
 
 
+def test_special_rows_marks_every_subnormal_or_nan_byte():
+    # each of the 256 bytes alone in a row of plain bytes (also strided); the reference is torch's own e4m3 decode
+    b = torch.full((256, 300), 0x38, dtype=torch.uint8)  # 1.0
+    b[torch.arange(256), torch.arange(256)] = torch.arange(256, dtype=torch.uint8)
+    q = b.view(torch.float8_e4m3fn)
+    v = q.float()
+    want = (v.isnan() | ((v != 0) & (v.abs() < 2.0**-6))).any(1)
+    assert int(want.sum()) == 2 * 7 + 2  # the subnormals 0x01-0x07, 0x81-0x87, and the NaNs 0x7F, 0xFF
+    assert torch.equal(ops.fp8_special_rows(q), want)
+    tail = torch.full((256, 300), 0x38, dtype=torch.uint8)  # in the last 4 bytes (past the 8-byte steps)
+    tail[torch.arange(256), 299 - torch.arange(256) % 4] = torch.arange(256, dtype=torch.uint8)
+    assert torch.equal(ops.fp8_special_rows(tail.view(torch.float8_e4m3fn)), want)
+    wide = torch.full((256, 600), 0x38, dtype=torch.uint8)
+    wide[:, ::2] = b
+    assert torch.equal(ops.fp8_special_rows(wide.view(torch.float8_e4m3fn)[:, ::2]), want)
+    assert ops.fp8_special_rows(q[:0]).shape == (0,)
+    with pytest.raises(RuntimeError, match=r"keel::fp8_special_rows: qweight must be float8_e4m3fn, got float32"):
+        ops.fp8_special_rows(v)
+    with pytest.raises(RuntimeError, match=r"keel::fp8_special_rows: qweight must be \[N, K\], got \[300\]"):
+        ops.fp8_special_rows(q[0])
+
+
+@pytest.mark.parametrize("k", [576, 300])
+def test_special_rows_from_load_give_the_scans_bits(k):
+    # the one-row GEMV given fp8_special_rows skips its scan: rows with subnormal or NaN bytes must still take the
+    # exact pass (their bits, NaN included), the others the fast one, as without them
+    g = torch.Generator().manual_seed(k + 1)
+    q, s = quantize(torch.randn(64, k, generator=g))
+    b = q.view(torch.uint8).clone()
+    b[0:8, 5] = 0  # zeros: fast
+    b[16:24, 9] = 0x03  # subnormals: exact
+    b[24:32, k - 1] = 0x85
+    b[32, 100] = 0x7F  # NaN
+    q = b.view(torch.float8_e4m3fn)
+    special = ops.fp8_special_rows(q)
+    v = q.float()
+    assert torch.equal(special, (v.isnan() | ((v != 0) & (v.abs() < 2.0**-6))).any(1))
+    assert bool(special[16:33].all())
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(1, k, generator=g).to(dtype)
+        want = ops.fp8_linear(x, q, s, None)
+        got = ops.fp8_linear(x, q, s, None, special)
+        ints = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(got.view(ints), want.view(ints))
+        assert bool(got[0, 32].isnan()) and not bool(got[0, 33:].isnan().any())
+        close(got, x, q, s, None)
+
+
 def test_strided_and_3d_inputs():
     q, s = quantize(torch.randn(45, 70))
     x = torch.randn(5, 3, 140).bfloat16()[..., ::2].transpose(0, 1)
@@ -227,6 +275,16 @@ def test_fp8_linear_layer_uses_the_kernel_on_cpu():
     x = torch.randn(2, 3, 300).bfloat16()
     got = layer(x)
     assert torch.equal(got, ops.fp8_linear(x, layer.qweight, layer.weight_scale, lin.bias))
+    assert layer.special_rows is not None and torch.equal(layer.special_rows, ops.fp8_special_rows(layer.qweight))
+    assert "special_rows" not in layer.state_dict()  # derived at load, not saved
+    x1 = x[0, :1]
+    assert torch.equal(layer.step_fn()(x1), ops.fp8_linear(x1, layer.qweight, layer.weight_scale, lin.bias))
+    # new bytes through load_state_dict: the special rows are found again
+    state = layer.state_dict()
+    b = state["qweight"].view(torch.uint8).clone()
+    b[:, 0] = 0x7F
+    layer.load_state_dict({**state, "qweight": b.view(torch.float8_e4m3fn)})
+    assert bool(layer.special_rows.all()) and bool(layer(x1).isnan().all())
     assert dg.calc_diff(got, nn.functional.linear(x.double(), lin.weight.double(), lin.bias.double())) < 1e-3
 
 
@@ -237,6 +295,8 @@ def test_opcheck():
     op = torch.ops.keel.fp8_linear.default
     torch.library.opcheck(op, (torch.randn(4, 16), q, s, torch.randn(8)), test_utils=utils)
     torch.library.opcheck(op, (torch.randn(2, 3, 16).bfloat16(), q, s, None), test_utils=utils)
+    torch.library.opcheck(op, (torch.randn(1, 16).bfloat16(), q, s, None, ops.fp8_special_rows(q)), test_utils=utils)
+    torch.library.opcheck(torch.ops.keel.fp8_special_rows.default, (q,), test_utils=utils)
 
 
 def _q(n=8, k=16):
@@ -259,6 +319,18 @@ def _q(n=8, k=16):
             r"keel::fp8_linear: bias must have the dtype of x",
         ),
         (lambda q, s: (torch.ones(2, 16, dtype=torch.int32), q, s, None), r"keel::fp8_linear: x must be float32"),
+        (
+            lambda q, s: (torch.randn(1, 16), q, s, None, torch.zeros(8, dtype=torch.uint8)),
+            r"keel::fp8_linear: special_rows must be bool, got uint8",
+        ),
+        (
+            lambda q, s: (torch.randn(1, 16), q, s, None, torch.zeros(7, dtype=torch.bool)),
+            r"keel::fp8_linear: special_rows must be \[8\] \(one per qweight row",
+        ),
+        (
+            lambda q, s: (torch.randn(1, 16), q, s, None, torch.zeros(8, 1, dtype=torch.bool)),
+            r"keel::fp8_linear: special_rows must be \[8\]",
+        ),
     ],
 )
 def test_bad_arguments(make, match):

@@ -77,7 +77,13 @@ def fp8_linear(rng: random.Random, device: str, dtype: torch.dtype) -> list[Any]
     qweight = (torch.randn(n, k) * 8).to(torch.float8_e4m3fn).to(device)
     scale = (torch.rand(rows, (k + 127) // 128) + 0.5).to(device)
     bias = t((n,), device, dtype) if rng.random() < 0.5 else None
-    return [t((m, k), device, dtype), qweight, scale, bias]
+    special = torch.ops.keel.fp8_special_rows(qweight) if device == "cpu" and rng.random() < 0.5 else None
+    return [t((m, k), device, dtype), qweight, scale, bias, special]
+
+
+def fp8_special_rows(rng: random.Random, device: str, dtype: torch.dtype) -> list[Any]:
+    n, k = rng.choice((1, 8, 40)), rng.choice((1, 8, 130))
+    return [(torch.randn(n, k) * 8).to(torch.float8_e4m3fn).to(device)]
 
 
 EXAMPLES: dict[str, Example] = {
@@ -91,6 +97,7 @@ EXAMPLES: dict[str, Example] = {
         reshape_and_cache,
         linear,
         fp8_linear,
+        fp8_special_rows,
     )
 }
 
