@@ -89,8 +89,8 @@ class Fp8Linear(nn.Module):
             self.special_rows = ops.fp8_special_rows(self.qweight)
 
     def _special_rows(self) -> torch.Tensor | None:
-        """The load-time special_rows when they still sit beside qweight on the CPU (after a move elsewhere and
-        back, the kernel scans instead)."""
+        """The load-time special_rows when they sit beside qweight on the CPU (None for a layer built off the
+        CPU and moved there: the kernel then scans each call)."""
         special = self.special_rows
         if special is None or special.device != self.qweight.device:
             return None
