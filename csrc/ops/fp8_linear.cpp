@@ -100,16 +100,10 @@ void fp8_linear_amx_call(const char* op, const Tensor& x, const Tensor& qweight,
                [&](int64_t b, int64_t e) { cpu_avx2::fp8_linear_amx_cols(a, b, e); });
 }
 
-// Whether an e4m3 byte is one the fast (bf16) decode cannot take: a subnormal (exponent 0, mantissa not 0) or a
-// NaN (S.1111.111); zeros are fine. The same set as fp8_linear_cpu.cpp's special_bytes.
-inline bool special_e4m3(uint8_t b) {
-  const unsigned mag = b & 0x7Fu;
-  return mag == 0x7Fu || (mag - 1u) < 7u;
-}
-
-// The same test on 8 bytes at once: bit 7 of a byte of the result is set where the byte is special. With
-// m = b & 0x7F, no per-byte sum below carries into the next byte: m + 1 reaches 0x80 only for NaN (0x7F), m + 0x7F
-// has bit 7 for m != 0, (m & 0x78) + 0x78 for a nonzero exponent.
+// Bit 7 of each byte of the result is set where that byte of v is an e4m3 byte the fast (bf16) decode cannot take:
+// a subnormal (exponent 0, mantissa not 0) or a NaN (S.1111.111); zeros are fine (the set of fp8_linear_cpu.cpp's
+// special_bytes). With m = b & 0x7F, no per-byte sum below carries into the next byte: m + 1 reaches 0x80 only for
+// NaN (0x7F), m + 0x7F has bit 7 for m != 0, (m & 0x78) + 0x78 for a nonzero exponent.
 inline uint64_t special_e4m3_x8(uint64_t v) {
   constexpr uint64_t kLow7 = 0x7F7F7F7F7F7F7F7Full, kHigh = 0x8080808080808080ull;
   constexpr uint64_t kOnes = 0x0101010101010101ull, kExp = 0x7878787878787878ull;
@@ -118,6 +112,13 @@ inline uint64_t special_e4m3_x8(uint64_t v) {
   const uint64_t nonzero = m + kLow7;
   const uint64_t exp = (m & kExp) + kExp;
   return ((nonzero & ~exp) | nan) & kHigh;
+}
+
+// The `len` (<= 8) bytes at p, `stride` apart, packed into one word; zeros past them (not special).
+inline uint64_t gather8(const uint8_t* p, int64_t stride, int64_t len) {
+  uint64_t v = 0;
+  for (int64_t j = 0; j < len; ++j) v |= static_cast<uint64_t>(p[j * stride]) << (8 * j);
+  return v;
 }
 
 inline void check_special_rows(const char* op, const Tensor& special_rows, const Tensor& qweight) {
@@ -150,21 +151,17 @@ Tensor fp8_special_rows(const Tensor& qweight) {
   parallel_for(n, grain_for(k, 65536), [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const uint8_t* row = w + r * s0;
-      bool any = false;
+      uint64_t acc = 0;
+      int64_t i = 0;
       if (s1 == 1) {
-        uint64_t acc = 0;
-        int64_t i = 0;
         for (; i + 8 <= k; i += 8) {
           uint64_t v;
           std::memcpy(&v, row + i, sizeof(v));
           acc |= special_e4m3_x8(v);
         }
-        any = acc != 0;
-        for (; i < k; ++i) any |= special_e4m3(row[i]);
-      } else {
-        for (int64_t i = 0; i < k; ++i) any |= special_e4m3(row[i * s1]);
       }
-      dst[r] = any ? 1 : 0;
+      for (; i < k; i += 8) acc |= special_e4m3_x8(gather8(row + i * s1, s1, k - i < 8 ? k - i : 8));  // tail, strided
+      dst[r] = acc != 0 ? 1 : 0;
     }
   });
   return out;

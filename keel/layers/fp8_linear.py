@@ -63,15 +63,19 @@ class Fp8Linear(nn.Module):
             qweight, scale = deep_gemm.per_block_cast_to_fp8(w.contiguous())
         self.register_buffer("qweight", qweight)  # [N, K] float8_e4m3fn
         self.register_buffer("weight_scale", scale)  # [N or ceil(N/128), ceil(K/128)] fp32
-        # CPU: which rows hold e4m3 bytes the kernel's fast decode cannot take, found once here rather than by a
-        # scan in every one-row call (derived from qweight, so not saved with the weights)
-        special = ops.fp8_special_rows(qweight) if qweight.device.type == "cpu" else None
-        self.register_buffer("special_rows", special, persistent=False)
+        # derived from qweight, so not saved with the weights
+        self.register_buffer("special_rows", self._find_special_rows(qweight), persistent=False)
         self.bias = linear.bias
+
+    @staticmethod
+    def _find_special_rows(qweight: torch.Tensor) -> torch.Tensor | None:
+        """CPU: which rows hold e4m3 bytes the kernel's fast decode cannot take, found once (at load) rather than
+        by a scan in every one-row call; None elsewhere (the kernel then scans)."""
+        return ops.fp8_special_rows(qweight) if qweight.device.type == "cpu" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu":  # weight-only FP8 through keel's kernel, any leading dims, x's dtype
-            return ops.fp8_linear(x, self.qweight, self.weight_scale, self.bias, self._special_rows())
+            return ops.fp8_linear(x, self.qweight, self.weight_scale, self.bias, self.special_rows)
         shape = x.shape
         rows = x.reshape(-1, self.in_features)
         if rows.dtype not in (torch.bfloat16, torch.float32):
@@ -85,23 +89,14 @@ class Fp8Linear(nn.Module):
 
     def _load_from_state_dict(self, *args: object, **kwargs: object) -> None:
         super()._load_from_state_dict(*args, **kwargs)
-        if self.qweight.device.type == "cpu":  # new bytes: find their special rows again
-            self.special_rows = ops.fp8_special_rows(self.qweight)
-
-    def _special_rows(self) -> torch.Tensor | None:
-        """The load-time special_rows when they sit beside qweight on the CPU (None for a layer built off the
-        CPU and moved there: the kernel then scans each call)."""
-        special = self.special_rows
-        if special is None or special.device != self.qweight.device:
-            return None
-        return special
+        self.special_rows = self._find_special_rows(self.qweight)  # new bytes: their special rows again
 
     def step_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """`forward` as a plain function for a model's flat forward: on the CPU, `keel.ops.fp8_linear` (looked up
         at each call, as in forward) with the FP8 weight captured; elsewhere the bound `forward`."""
         if self.qweight.device.type != "cpu":
             return self.forward
-        qweight, scale, bias, special = self.qweight, self.weight_scale, self.bias, self._special_rows()
+        qweight, scale, bias, special = self.qweight, self.weight_scale, self.bias, self.special_rows
 
         def run(x: torch.Tensor) -> torch.Tensor:
             if x.device.type != "cpu":  # (forward's own refusal: the kernel names the device mismatch)
