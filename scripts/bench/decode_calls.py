@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 from keel_dev.smollm2 import bf16_checkpoint
+from keel_dev.timing import cpu_name
 
 import keel.ops
 
@@ -111,8 +112,7 @@ def main() -> int:
     if any(t < 1 for t in args.threads):
         p.error(f"--threads must all be >= 1, got {args.threads}")
     model = args.model or str(bf16_checkpoint(args.workdir))
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")  # fmt: skip
+    cpu = cpu_name()
     print(f"CPU: {cpu}; torch {torch.__version__}; model {model}; {args.reps} replays per round, {args.rounds} rounds")
     for quant in args.quantization:
         try:

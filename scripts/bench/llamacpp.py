@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from keel_dev.smollm2 import find_gguf  # the one lookup of the real SmolLM2 GGUF
+from keel_dev.timing import cpu_name
 
 ENGINES = ("keel-bf16", "llama-f16", "keel-fp8", "llama-q8_0", "llama-q4_1")
 LLAMA_FTYPES = {"f16": 1, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_Q8_0
@@ -356,7 +357,7 @@ def main() -> None:
                     env = {**os.environ, "OMP_NUM_THREADS": str(t), **tree_env(tree)}
                     subprocess.run(worker_cmd(e, t, paths, args), env=env, check=True)
         return
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     print(f"CPU: {cpu}, {os.cpu_count()} logical CPUs; GGUF: {gguf.name}; prompt {args.prompt_len} tokens, "
           f"{args.new_tokens} new, batch 1, best of {args.repeats} x {args.rounds} rounds", flush=True)  # fmt: skip
     best: dict = {}

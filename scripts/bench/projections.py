@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from keel_dev.timing import best_times
+from keel_dev.timing import best_times, cpu_name
 
 import keel  # noqa: F401  (loads keel's ops)
 from keel import ops
@@ -126,7 +126,7 @@ def main() -> None:
         peers["keel-fp8-huge"] = (fp8_peer(fp8_h), bytes_fp8)
         peers["keel-bf16-huge"] = (bf16_peer(bf16_h, ops.linear), bytes_bf16)
         peers["copy-huge"] = (copy_peer(src_h, dst_h), 2 * bytes_bf16)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    cpu = cpu_name()
     source = f"weights of {args.checkpoint}" if args.checkpoint else "random weights"
     print(f"CPU: {cpu}; {source}; {args.layers} layers + lm_head, weights {bytes_bf16 / 1e6:.0f} MB bf16 / "
           f"{bytes_fp8 / 1e6:.0f} MB fp8, {args.rows} row(s) of x, "

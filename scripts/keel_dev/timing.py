@@ -64,3 +64,13 @@ def _sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def cpu_name() -> str:
+    """The CPU's model name as `lscpu` shows it (/proc/cpuinfo's first "model name"), for a benchmark's header;
+    "unknown CPU" where that file is not there (not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "unknown CPU")
+    except OSError:
+        return "unknown CPU"
