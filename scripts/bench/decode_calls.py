@@ -65,18 +65,24 @@ def record_step(model: str, quantization: str, prompt_tokens: int) -> list[Call]
         vocab = llm.llm_engine.config.vocab_size
         ids = [(7 * i + 11) % vocab for i in range(prompt_tokens)]
         engine = llm.llm_engine
-        engine.add_request("decode-calls", ids, SamplingParams(max_tokens=2, ignore_eos=True))
-        engine.step()  # the prompt
-        recording = True
-        engine.step()  # one decode step
-        recording = False
+        engine.add_request("decode-calls", ids, SamplingParams(max_tokens=4, ignore_eos=True))
+        while engine.has_unfinished_requests():  # the prompt's step(s), then the first decode step is kept
+            calls.clear()
+            recording = True
+            engine.step()
+            recording = False
+            # a decode step: one row of x in every call (a prompt chunk's projections have a row per token)
+            if calls and all(args[0].numel() == args[0].shape[-1] for _, args, _ in calls):
+                break
+        else:
+            calls.clear()  # the request ended without one
         while engine.has_unfinished_requests():
             engine.step()
     finally:
         for name, fn in originals.items():
             setattr(keel.ops, name, fn)
     if not calls:
-        raise SystemExit("decode_calls: the decode step made no keel.ops.linear / fp8_linear call")
+        raise SystemExit("decode_calls: no decode step with keel.ops.linear / fp8_linear calls was seen")
     return calls
 
 
@@ -120,7 +126,9 @@ def main() -> int:
         except FileNotFoundError as exc:  # keel's model-not-found error (a folder that is not there)
             p.error(str(exc))
         shapes = list(dict.fromkeys(weight_shape(c) for c in calls))
-        print(f"\n== {quant}: {len(calls)} calls per step; median us per call by weight shape, ms per token")
+        rows = sorted({args[0].numel() // args[0].shape[-1] for _, args, _ in calls})
+        print(f"\n== {quant}: {len(calls)} calls per step, rows of x per call {rows}; median us per call by weight "
+              "shape, ms per token")  # fmt: skip
         print("| round | threads | " + " | ".join(str(list(s)) for s in shapes) + " | ms per token |")
         print("|---|---:|" + "---:|" * (len(shapes) + 1))
         per_token: dict[int, list[float]] = defaultdict(list)

@@ -11,12 +11,12 @@ import pytest
 
 def test_decode_calls_replays_every_projection_of_a_step_per_thread_count(tiny_model, run_bench):
     done = run_bench(
-        "decode_calls.py", "--model", str(tiny_model), "--rounds", "2", "--reps", "2", "--prompt-tokens", "5"
-    )
+        "decode_calls.py", "--model", str(tiny_model), "--rounds", "2", "--reps", "2", "--prompt-tokens", "300"
+    )  # a prompt of two chunks (256 tokens a step): the step recorded is the decode step after them
     assert done.returncode == 0, done.stderr
     out = done.stdout
     # 2 layers x (qkv, o, gate/up, down) + the lm_head; one column per weight shape, in model order
-    assert out.count("9 calls per step") == 2, out
+    assert out.count("9 calls per step, rows of x per call [1]") == 2, out
     header = "| round | threads | [128, 64] | [64, 64] | [256, 64] | [64, 128] | [512, 64] | ms per token |"
     assert out.count(header) == 2, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and line.split("|")[2].strip() in ("1", "2")]
