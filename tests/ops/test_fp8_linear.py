@@ -186,7 +186,7 @@ def test_rows_with_zero_subnormal_or_nan_bytes_do_not_depend_on_the_batch(k):
     b[32, 100] = 0x7F  # NaN
     b[40:48, 0] = 0x02  # rows 39..46 end right before a subnormal byte
     q = b.view(torch.float8_e4m3fn)
-    x = torch.randn(19, k, generator=g).bfloat16()  # 5 rows: one weight row at a time; 19: four, x in pairs + 1
+    x = torch.randn(19, k, generator=g).bfloat16()  # 5 rows: one weight row per pass; 19 (>= 16): two per pass
     rows = ops.fp8_linear(x, q, s, None)
     close(rows, x, q, s, None)
     assert bool(rows[:, 32].isnan().all()) and not bool(rows[:, 33:].isnan().any())
@@ -196,13 +196,19 @@ def test_rows_with_zero_subnormal_or_nan_bytes_do_not_depend_on_the_batch(k):
         assert torch.equal(one.view(torch.int16), rows[i : i + 1].view(torch.int16)), i
 
 
+def special_reference(q):
+    """Rows of q holding an e4m3 subnormal or NaN byte, by torch's own e4m3 decode."""
+    v = q.float()
+    return (v.isnan() | ((v != 0) & (v.abs() < 2.0**-6))).any(1)
+
+
 def test_special_rows_marks_every_subnormal_or_nan_byte():
     # each of the 256 bytes alone in a row of plain bytes (also strided); the reference is torch's own e4m3 decode
     b = torch.full((256, 300), 0x38, dtype=torch.uint8)  # 1.0
     b[torch.arange(256), torch.arange(256)] = torch.arange(256, dtype=torch.uint8)
     q = b.view(torch.float8_e4m3fn)
     v = q.float()
-    want = (v.isnan() | ((v != 0) & (v.abs() < 2.0**-6))).any(1)
+    want = special_reference(q)
     assert int(want.sum()) == 2 * 7 + 2  # the subnormals 0x01-0x07, 0x81-0x87, and the NaNs 0x7F, 0xFF
     assert torch.equal(ops.fp8_special_rows(q), want)
     tail = torch.full((256, 300), 0x38, dtype=torch.uint8)  # in the last 4 bytes (past the 8-byte steps)
@@ -231,8 +237,7 @@ def test_special_rows_from_load_give_the_scans_bits(k):
     b[32, 100] = 0x7F  # NaN
     q = b.view(torch.float8_e4m3fn)
     special = ops.fp8_special_rows(q)
-    v = q.float()
-    assert torch.equal(special, (v.isnan() | ((v != 0) & (v.abs() < 2.0**-6))).any(1))
+    assert torch.equal(special, special_reference(q))
     assert bool(special[16:33].all())
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(1, k, generator=g).to(dtype)
