@@ -16,7 +16,10 @@ own phase timers (GenerateStats, wall clock). Prefix caching is off, so keel re-
 Each (engine, threads) cell runs in a fresh subprocess (llama.cpp's and torch's OpenMP pools never share a
 process) that loads, warms up, and keeps the best of --repeats generations; the cells are alternated
 (keel and llama.cpp rows interleaved) for --rounds rounds and the best of all rounds is printed, with ratios.
-The machine is shared, so read the ratios of one run, not absolute figures across runs.
+The machine is shared, so read the ratios of one run, not absolute figures across runs; each cell's line
+says how much of the machine's CPU time the hypervisor gave to other guests while it ran (host steal, from
+/proc/stat): a cell slowed by the host losing its CPUs shows it there (other guests' use of the memory
+bandwidth, which slows a streaming decode without taking CPU time, does not).
 
 `--stub-projections` replaces every projection (`keel.ops.linear` / `fp8_linear`, lm_head included) by a stub
 that returns a zero tensor of the right shape, kept from call to call: keel's decode tok/s then gives its
@@ -42,7 +45,7 @@ import time
 from pathlib import Path
 
 from keel_dev.smollm2 import find_gguf  # the one lookup of the real SmolLM2 GGUF
-from keel_dev.timing import cpu_name
+from keel_dev.timing import cpu_name, cpu_times, steal_percent
 
 ENGINES = ("keel-bf16", "llama-f16", "keel-fp8", "llama-q8_0", "llama-q4_1")
 LLAMA_FTYPES = {"f16": 1, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_Q8_0
@@ -268,11 +271,13 @@ def cell(
     engine: str, threads: int, paths: dict[str, Path], args: argparse.Namespace, tree: tuple[str, Path] | None = None
 ) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), **tree_env(tree)}
+    ticks = cpu_times()
     proc = subprocess.run(worker_cmd(engine, threads, paths, args), env=env, capture_output=True, text=True)
+    steal = steal_percent(ticks, cpu_times())
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{engine} at {threads} threads failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return {**json.loads(lines[-1][len("RESULT ") :]), "steal_pct": steal}
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -377,8 +382,9 @@ def main() -> None:
                     cols.append(label)
                 row = cell(e, t, paths, args, tree)
                 runs.append({"round": rnd, "engine": label, "threads": t, **row})
+                steal = "" if row["steal_pct"] is None else f"  host steal {row['steal_pct']:4.1f}%"
                 print(f"  round {rnd} {label:>11} threads {t}: decode {row['decode_tok_s']:7.1f}  "
-                      f"prefill {row['prefill_tok_s']:7.1f} tok/s", flush=True)  # fmt: skip
+                      f"prefill {row['prefill_tok_s']:7.1f} tok/s{steal}", flush=True)  # fmt: skip
                 cur = best.setdefault((label, t), {"decode_tok_s": 0.0, "prefill_tok_s": 0.0, "tokens": row["tokens"]})
                 cur["decode_tok_s"] = max(cur["decode_tok_s"], row["decode_tok_s"])
                 cur["prefill_tok_s"] = max(cur["prefill_tok_s"], row["prefill_tok_s"])

@@ -44,7 +44,10 @@ server cores busy = CPU seconds of the server's whole process tree (/proc: utime
 process under the server, plus cutime + cstime, what its reaped children used; vLLM runs an engine-core
 child process) over the benchmark's window, sampled every --sample-s s and interpolated at the window's
 ends, divided by its tokens or by its duration. Start s = Popen to /health answering 200; RSS / PSS = the
-sum over the tree after the warm-up (RSS counts shared pages once per process; PSS splits them).
+sum over the tree after the warm-up (RSS counts shared pages once per process; PSS splits them). Host steal
+% = the share of the machine's CPU time the hypervisor gave to other guests during the guidellm run
+(/proc/stat; a cell slowed by the host taking its CPUs shows it there, one slowed by other guests' use of
+the memory bandwidth does not).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from pathlib import Path
 import keel_dev.server
 from keel_dev.net import free_port
 from keel_dev.smollm2 import bf16_checkpoint
+from keel_dev.timing import cpu_times, steal_percent
 
 SERVERS = ("keel", "vllm", "vllm-preload")
 LABELS = {"keel": "keel", "vllm": "vLLM CPU", "vllm-preload": "vLLM CPU + LD_PRELOAD"}
@@ -236,6 +240,7 @@ class Cell:
     cpu_s: float = float("nan")
     cpu_per_ktok: float = float("nan")
     cores_busy: float = float("nan")
+    steal_pct: float = float("nan")  # host steal during the guidellm run (nan where /proc/stat is not there)
 
     def add_cpu(self, cpu_s: float) -> None:
         self.cpu_s = cpu_s
@@ -427,6 +432,7 @@ ROWS = (
     ("inter-token latency p50 ms", "itl_p50_ms", "{:.1f}"),
     ("server CPU s per 1k tokens", "cpu_per_ktok", "{:.1f}"),
     ("server cores busy (of {ncpu})", "cores_busy", "{:.2f}"),
+    ("host steal % (during the cell)", "steal_pct", "{:.1f}"),
 )
 
 
@@ -468,17 +474,21 @@ def run_server(name: str, args: argparse.Namespace, folder: Path, rnd: int) -> t
             cmd = guidellm_command(
                 guidellm, server.base_url, folder, conc, args.requests, args.prompt_tokens, args.output_tokens, out
             )
+            ticks = cpu_times()
             with CpuSampler(server.proc.pid, args.sample_s) as sampler:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cell_timeout)
+            steal = steal_percent(ticks, cpu_times())
             if done.returncode != 0:
                 raise RuntimeError(f"guidellm failed against {name} (exit {done.returncode}):\n{done.stderr[-3000:]}")
             cell = parse_guidellm(json.loads(out.read_text()), name, conc, rnd, args.output_tokens)
             cell.add_cpu(sampler.cpu_between(cell.start, cell.end))
+            cell.steal_pct = float("nan") if steal is None else steal
             cells.append(cell)
             print(
                 f"[round {rnd}] {name} c={conc}: {cell.tok_s:.1f} tok/s, TTFT p50 {cell.ttft_p50_ms:.0f} ms, "
                 f"ITL p50 {cell.itl_p50_ms:.1f} ms, {cell.cpu_per_ktok:.1f} CPU s/1k tok, "
-                f"{cell.cores_busy:.2f} cores busy, {cell.errored} errored, {cell.short_outputs} short",
+                f"{cell.cores_busy:.2f} cores busy, host steal {cell.steal_pct:.1f}%, {cell.errored} errored, "
+                f"{cell.short_outputs} short",
                 flush=True,
             )
     finally:

@@ -66,6 +66,34 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def cpu_times(stat: str | None = None) -> tuple[int, int] | None:
+    """(steal, total) clock ticks of the machine's CPUs since boot, from the "cpu" line of /proc/stat (or of
+    `stat`, that file's text): steal is the time the hypervisor ran someone else while a vCPU wanted to run.
+    None where the file or the line is not there (not Linux)."""
+    if stat is None:
+        try:
+            with open("/proc/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            return None
+    line = next((ln for ln in stat.splitlines() if ln.startswith("cpu ")), None)
+    if line is None:
+        return None
+    # user nice system idle iowait irq softirq steal (guest and guest_nice are already inside user and nice)
+    ticks = [int(v) for v in line.split()[1:9]]
+    ticks += [0] * (8 - len(ticks))
+    return ticks[7], sum(ticks)
+
+
+def steal_percent(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time stolen by the hypervisor between two `cpu_times()` readings, in percent: on a
+    shared VM, the figure that tells a slow benchmark cell from a slow method. None when either reading is
+    missing or no time passed."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def cpu_name() -> str:
     """The CPU's model name as `lscpu` shows it (/proc/cpuinfo's first "model name"), for a benchmark's header;
     "unknown CPU" where that file is not there (not Linux)."""

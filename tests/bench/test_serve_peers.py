@@ -150,6 +150,7 @@ def test_table_keeps_each_cells_best_round():
     def cell(server: str, conc: int, rnd: int, tokens: int) -> object:
         c = peers.parse_guidellm(report([request(64, tokens)]), server, conc, rnd, 64)
         c.add_cpu(1.0)
+        c.steal_pct = 10.0 * rnd
         return c
 
     cells = [cell("keel", 1, 0, 40), cell("keel", 1, 1, 64), cell("vllm", 1, 0, 20)]
@@ -159,6 +160,7 @@ def test_table_keeps_each_cells_best_round():
     text = peers.table(cells, starts, ["keel", "vllm"], 2)
     assert "| 1 | output tok/s | 16.0 | 5.0 |" in text
     assert "| 1 | server cores busy (of 2) | 0.25 | 0.25 |" in text
+    assert "| 1 | host steal % (during the cell) | 10.0 | 0.0 |" in text  # the best round's own
     assert "| all | start s (to /health 200) | 3.5 | 70.0 |" in text
     assert text.splitlines()[0] == "| concurrency | figure | keel | vLLM CPU |"
 

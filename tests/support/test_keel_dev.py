@@ -32,6 +32,33 @@ def test_best_times_refuses_empty_repeats():
         timing.best_times({"a": lambda: None}, repeats=0)
 
 
+STAT = "cpu  {user} 5 30 {idle} 2 0 3 {steal} 0 0\ncpu0  1 1 1 1 1 1 1 1 0 0\nintr 12345\n"
+
+
+def test_cpu_times_reads_steal_and_the_total_of_the_cpu_line():
+    # user nice system idle iowait irq softirq steal; guest / guest_nice are inside user / nice, not added
+    assert timing.cpu_times(STAT.format(user=100, idle=800, steal=60)) == (60, 100 + 5 + 30 + 800 + 2 + 0 + 3 + 60)
+    assert timing.cpu_times("cpu0 1 2 3\nintr 1\n") is None  # no machine-wide line
+
+
+def test_steal_percent_is_the_stolen_share_of_the_time_between_two_readings():
+    before = timing.cpu_times(STAT.format(user=100, idle=800, steal=60))
+    after = timing.cpu_times(STAT.format(user=160, idle=820, steal=80))  # +60 user, +20 idle, +20 steal
+    assert timing.steal_percent(before, after) == pytest.approx(20.0)
+    assert timing.steal_percent(before, before) is None  # no time passed
+    assert timing.steal_percent(None, after) is None
+
+
+def test_cpu_times_of_this_machine_only_grow():
+    first = timing.cpu_times()
+    if first is None:
+        pytest.skip("no /proc/stat here")
+    sum(range(200_000))
+    later = timing.cpu_times()
+    assert later is not None and later[0] >= first[0] and later[1] >= first[1]
+    assert 0.0 <= (timing.steal_percent(first, later) or 0.0) <= 100.0
+
+
 def test_free_port_is_free():
     port = net.free_port()
     with socket.socket() as s:
