@@ -128,7 +128,7 @@ def main() -> int:
         except FileNotFoundError as exc:  # keel's model-not-found error (a folder that is not there)
             p.error(str(exc))
         shapes = list(dict.fromkeys(weight_shape(c) for c in calls))
-        rows = sorted({args[0].numel() // args[0].shape[-1] for _, args, _ in calls})
+        rows = sorted({x.numel() // x.shape[-1] for _, (x, *_), _ in calls})  # rows of x per call
         print(f"\n== {quant}: {len(calls)} calls per step, rows of x per call {rows}; median us per call by weight "
               "shape, ms per token")  # fmt: skip
         print("| round | threads | " + " | ".join(str(list(s)) for s in shapes) + " | ms per token |")

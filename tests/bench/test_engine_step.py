@@ -9,8 +9,8 @@ import pytest
 
 
 def test_engine_step_prints_each_repeats_decode_and_mixed_step(tiny_model, run_bench):
-    done = run_bench("engine_step.py", "--model", str(tiny_model), "--batch", "3", "--steps", "3", "--repeats", "2", "--prompt-tokens", "5",
-               "--threads", "1", "--hog", "1", "4")  # fmt: skip
+    done = run_bench("engine_step.py", "--model", str(tiny_model), "--batch", "3", "--steps", "3", "--repeats", "2",
+                     "--prompt-tokens", "5", "--threads", "1", "--hog", "1", "4")  # fmt: skip
     assert done.returncode == 0, done.stderr
     repeats = [line for line in done.stdout.splitlines() if line.startswith("repeat ")]
     assert len(repeats) == 2 and all("decode step p50" in r and "2 decodes + a 5-token prompt" in r for r in repeats)
