@@ -147,6 +147,8 @@ def test_a_level_means_the_same_build_in_every_library(level, tmp_path):
     assert (got["keel"], got["flash_attn"]) == (keel_build, fork_build), (level, got)
     if level in ("base", "avx2", "avx512"):
         assert not got["amx"] and got["reason"] == f"capped by KEEL_CPU_ISA={level}", got
+    elif not AVX512 | {"avx512_bf16"} <= _flags():
+        assert not got["amx"] and got["reason"] == "this CPU lacks AVX-512 (F/BW/VL/DQ/BF16)", got
     elif not {"amx_tile", "amx_bf16"} <= _flags():
         assert not got["amx"] and "amx_tile/amx_bf16" in got["reason"], got
 
