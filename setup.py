@@ -144,7 +144,7 @@ RUNTIME_REQUIRES = [
     "fastapi>=0.115",
     "uvicorn>=0.30",  # `keel serve`
     "prometheus-client>=0.20",  # `keel serve` /metrics, with vLLM's metric names
-    "llguidance>=1.9,<2",  # structured outputs (keel/structured): one abi3 wheel, no dependencies
+    "llguidance>=1.9,<2",  # structured outputs (src/keel/structured): one abi3 wheel, no dependencies
 ]
 
 setup(

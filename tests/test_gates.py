@@ -37,7 +37,7 @@ def _run(*cmd: str, cwd: Path = ROOT) -> None:
 def _tracked(suffixes: set[str]) -> list[str]:
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.split()
     if not out:  # not a git checkout (an unpacked copy): walk the source folders instead
-        dirs = ("csrc", "adapters", "vendored_deps", "scripts")
+        dirs = ("csrc", "adapters", "vendored_deps", "scripts", "benchmarks")
         return sorted(str(p.relative_to(ROOT)) for d in dirs for p in (ROOT / d).rglob("*") if p.suffix in suffixes)
     return [f for f in out if Path(f).suffix in suffixes and (ROOT / f).is_file()]
 

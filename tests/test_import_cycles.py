@@ -10,7 +10,7 @@ import pytest
 from support.import_graph import cycles, describe
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = [ROOT / "keel"]  # e.g. ROOT / "audit" / "keel_audit" next
+PACKAGES = [ROOT / "src" / "keel", ROOT / "audit" / "src" / "keel_audit"]
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)

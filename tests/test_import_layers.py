@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.import_graph import import_graph
 
-KEEL = Path(__file__).resolve().parents[1] / "keel"
+KEEL = Path(__file__).resolve().parents[1] / "src" / "keel"
 # importer package -> packages it must never import
 FORBIDDEN = {
     "keel.layers": ("keel.engine", "keel.models", "keel.entrypoints", "keel.cli"),

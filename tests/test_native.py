@@ -128,16 +128,16 @@ def test_vendored_loader_refuses_an_unknown_cpu_isa(monkeypatch):
 
 
 def test_one_torch_floor():
-    """TORCH_FLOOR is written once (keel/_settings.py); the build's default target is that floor."""
+    """TORCH_FLOOR is written once (src/keel/_settings.py); the build's default target is that floor."""
     from keel import _settings
 
     root = Path(__file__).resolve().parents[1]
     owners = [
         str(p.relative_to(root))
-        for p in root.glob("keel/**/*.py")
+        for p in root.glob("src/keel/**/*.py")
         if re.search(r"^\s*TORCH_FLOOR\s*=", p.read_text(), re.M)
     ]
-    assert owners == ["keel/_settings.py"], owners
+    assert owners == ["src/keel/_settings.py"], owners
     floor = ".".join(map(str, _settings.TORCH_FLOOR))
     assert f'os.environ.get("KEEL_TORCH_TARGET", "{floor}")' in (root / "setup.py").read_text()
     assert f'set(KEEL_TORCH_TARGET "{floor}"' in (root / "CMakeLists.txt").read_text()

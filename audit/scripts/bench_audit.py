@@ -6,7 +6,7 @@ unpacked tree, and torch-abi-audit on the unpacked tree. Prints a markdown table
 
     python audit/scripts/bench_audit.py [--size-mb 500] [--files 100] [--wheel dist/keel-*.whl] [--audit-dir DIR]
 
---audit-dir times another copy of the audit package (audit/keel_audit, or an older commit's
+--audit-dir times another copy of the audit package (audit/src/keel_audit, or an older commit's
 keel/audit from `git archive`, for before/after on one box).
 """
 
@@ -30,7 +30,7 @@ ROOT = AUDIT.parent  # keel's checkout (its dist/ holds keel's wheel)
 N_UNSTABLE, N_SHIM, N_EXPORTED = 1500, 300, 1000
 
 
-def _load_audit(where: Path = AUDIT / "keel_audit"):
+def _load_audit(where: Path = AUDIT / "src" / "keel_audit"):
     """The audit package at `where`, loaded by file path under a private name (relative imports only)."""
     spec = importlib.util.spec_from_file_location(
         "_bench_audit", where / "__init__.py", submodule_search_locations=[str(where)]
@@ -105,7 +105,7 @@ def main() -> int:
     parser.add_argument("--size-mb", type=int, default=500)
     parser.add_argument("--files", type=int, default=100)
     parser.add_argument("--wheel", default=str(ROOT / "dist/keel-*.whl"), help="keel's own wheel (glob)")
-    parser.add_argument("--audit-dir", type=Path, default=AUDIT / "keel_audit", help="audit package to time")
+    parser.add_argument("--audit-dir", type=Path, default=AUDIT / "src" / "keel_audit", help="audit package to time")
     args = parser.parse_args()
     audit = _load_audit(args.audit_dir)
     rows = []

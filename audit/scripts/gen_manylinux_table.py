@@ -1,4 +1,4 @@
-"""Generate keel-audit's manylinux table (audit/keel_audit/data/manylinux_policy.json).
+"""Generate keel-audit's manylinux table (audit/src/keel_audit/data/manylinux_policy.json).
 
 The bounds of every manylinux policy are facts kept by auditwheel: its `manylinux-policy.json` lists,
 per policy and architecture, every GLIBC_, GLIBCXX_, CXXABI_ and GCC_ symbol version a library may

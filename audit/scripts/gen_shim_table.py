@@ -1,4 +1,4 @@
-"""Rebuild audit/keel_audit/data/torch_shim_symbols.json from torch releases (wheels or installations).
+"""Rebuild audit/src/keel_audit/data/torch_shim_symbols.json from torch releases (wheels or installations).
 
 Per stable C shim symbol: the first torch release whose libtorch_cpu.so / libtorch_cuda.so exports
 it (in the oldest release read, its `TORCH_FEATURE_VERSION` guard in the shim headers, 2.9 when

@@ -16,7 +16,7 @@ from keel_audit.cli import main
 from keel_audit.policy import STRICT_FILE
 
 REPO = Path(__file__).resolve().parents[2]  # keel's checkout (audit/ sits in it)
-KEEL_VERB = REPO / "keel/cli/audit.py"
+KEEL_VERB = REPO / "src/keel/cli/audit.py"
 needs_keel_checkout = pytest.mark.skipif(
     not KEEL_VERB.is_file(), reason="keel's `keel audit` verb is not beside audit/"
 )

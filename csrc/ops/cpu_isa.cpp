@@ -19,7 +19,7 @@ namespace keel {
 namespace {
 
 // Why the AMX prompt kernels do not run (0: they do). The codes are part of keel_cpu_isa_status's answer;
-// keel_amx_reason_text gives the library's words for each (keel/_native.py cpu_isa_status reads both).
+// keel_amx_reason_text gives the library's words for each (src/keel/_native.py cpu_isa_status reads both).
 enum AmxReason : int {
   kAmxUsable = 0,
   kAmxCapped = 1,          // KEEL_CPU_ISA is base, avx2 or avx512
@@ -138,7 +138,7 @@ bool cpu_has_amx() {
 
 }  // namespace keel
 
-// ---- the library's answer for Python (ctypes, keel/_native.py cpu_isa_status); C linkage, never throws ----
+// ---- the library's answer for Python (ctypes, src/keel/_native.py cpu_isa_status); C linkage, never throws ----
 
 extern "C" {
 

@@ -34,7 +34,7 @@ namespace {
 constexpr float kFp8Shift = kFp8Unit;     // the fp16 decode yields value * 2^-8
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead of the current block to prefetch the weight row
 // decode also asks for the lines 8 KB ahead into the outer caches (prefetcht2): a token's projections with cold
-// weights are faster with it (scripts/bench/projections.py; figures in docs/measurements/2026-12-02-llamacpp.md)
+// weights are faster with it (benchmarks/projections.py; figures in docs/measurements/2026-12-02-llamacpp.md)
 constexpr int64_t kFarPrefetchBytes = 8192;
 
 using vec::f32x8;

@@ -2,7 +2,7 @@
 // KEEL_CPU_ISA, read in one place for every library keel builds: keel's own ops (csrc/ops/cpu_isa.cpp)
 // and each adapter, which passes the level into its vendored fork as a plain value (the forks include
 // nothing of keel). keel's Python package validates the same variable before any library loads
-// (keel/_settings.py); this guards a direct library load. Torch-free.
+// (src/keel/_settings.py); this guards a direct library load. Torch-free.
 //
 // The levels cap what runs, they never enable what the CPU lacks; what each level runs in every library
 // is the one table in docs/ops.md (KEEL_CPU_ISA):

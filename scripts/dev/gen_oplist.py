@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Writes keel/_oplist.py, the op inventory, from the schemas the bindings files define.
+"""Writes src/keel/_oplist.py, the op inventory, from the schemas the bindings files define.
 
-    python scripts/dev/gen_oplist.py           rewrite keel/_oplist.py
+    python scripts/dev/gen_oplist.py           rewrite src/keel/_oplist.py
     python scripts/dev/gen_oplist.py --check   exit 1 (and say what differs) when it is out of date
 
 Every `m.def("...")` inside a `KEEL_LIBRARY(m)` or `STABLE_TORCH_LIBRARY(ns, m)` block of a .cpp file
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = ROOT / "keel" / "_oplist.py"
+TARGET = ROOT / "src" / "keel" / "_oplist.py"
 _BLOCK = re.compile(r"\b(?:KEEL_LIBRARY\((?P<m1>\w+)\)|STABLE_TORCH_LIBRARY\((?P<ns>\w+),\s*(?P<m2>\w+)\))\s*\{")
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
@@ -151,17 +151,17 @@ def render(schemas: dict[str, list[str]], modules: dict[str, str]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only compare; exit 1 when keel/_oplist.py is stale")
+    ap.add_argument("--check", action="store_true", help="only compare; exit 1 when src/keel/_oplist.py is stale")
     args = ap.parse_args()
     text = render(*collect())
     if args.check:
         current = TARGET.read_text() if TARGET.is_file() else ""
         if current != text:
             diff = difflib.unified_diff(
-                current.splitlines(), text.splitlines(), "keel/_oplist.py", "bindings", lineterm=""
+                current.splitlines(), text.splitlines(), "src/keel/_oplist.py", "bindings", lineterm=""
             )
             print(
-                "keel/_oplist.py is out of date with the bindings; run python scripts/dev/gen_oplist.py\n"
+                "src/keel/_oplist.py is out of date with the bindings; run python scripts/dev/gen_oplist.py\n"
                 + "\n".join(diff)
             )
             return 1

@@ -73,12 +73,12 @@ fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/keel-devcheck.XXXXXX")"
 PREFIX="$WORK/prefix"
-SITE="$WORK/site"  # area_plugin.py and keel_dev (scripts/keel_dev): on PYTHONPATH, the checkout is not
+SITE="$WORK/site"  # area_plugin.py and keel_dev (dev/keel_dev): on PYTHONPATH, the checkout is not
 mkdir -p "$OUT" "$WORK/logs" "$PREFIX" "$SITE"
 rm -f "$OUT"/junit.xml "$OUT"/bench_*.json "$OUT"/summary.* "$OUT"/logs.tar.gz
 : > "$WORK/steps.tsv"
 cp "$HERE/area_plugin.py" "$SITE/"
-[ -d "$ROOT/scripts/keel_dev" ] && cp -r "$ROOT/scripts/keel_dev" "$SITE/"
+[ -d "$ROOT/dev/keel_dev" ] && cp -r "$ROOT/dev/keel_dev" "$SITE/"
 START=$SECONDS
 FAILED=0
 
@@ -153,7 +153,7 @@ if [ "$MODE" = dry ]; then  # the audit needs no GPU: here only (--prepare audit
   step audit 60 env PYTHONPATH="$ROOT/audit:$DEPS" "$PY" -m keel_audit "$WHEEL" --strict --target-torch 2.10 || finish
 fi
 step install 30 "$PY" "$HERE/check.py" install "$PREFIX" "$WHEEL" || finish
-cp -r "$ROOT/scripts/keel_dev" "$PREFIX/"  # keel-dev: the test helpers the CUDA tests import (pure Python)
+cp -r "$ROOT/dev/keel_dev" "$PREFIX/"  # keel-dev: the test helpers the CUDA tests import (pure Python)
 
 # The checkout stays off sys.path: PYTHONSAFEPATH (no cwd / script folder for -c and -m), the prefix first,
 # then the unpacked missing wheels, then the plugin (nothing there shadows the machine's packages).
@@ -178,9 +178,9 @@ area flash_attn 50 30 tests/vendored/flash_attn
 area engine 40 30 tests/engine/test_cuda_engine.py
 area server 40 30 tests/entrypoints/test_cuda_serve.py
 
-# benchmarks: each capped at 2/3 of its step, its JSON written after every case (scripts/bench/cuda_cases.py)
-bench_script() {  # the benchmark's path, before or after the scripts/bench/ move
-  if [ -f "scripts/bench/$1.py" ]; then echo "scripts/bench/$1.py"; else echo "scripts/bench_$1.py"; fi
+# benchmarks: each capped at 2/3 of its step, its JSON written after every case (benchmarks/cuda_cases.py)
+bench_script() {  # the benchmark's path, before or after the benchmarks/ move
+  if [ -f "benchmarks/$1.py" ]; then echo "benchmarks/$1.py"; else echo "scripts/bench_$1.py"; fi
 }
 BENCH=(--device cuda --time-cap 14 --json)
 [ "$MODE" = dry ] && BENCH=(--device cuda --dry-run --time-cap 14 --json)

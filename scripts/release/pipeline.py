@@ -20,10 +20,10 @@
    the prediction must equal what the probe process mapped (the "preflight" column);
 5. one table; exit 0 only when every row holds: same library bytes, op tests pass, every op within its
    bound, logits within scripts/release/pipeline_checks.py's LOGIT_ATOL of torch A's, and greedy tokens equal to
-   A's up to A's first near-tie (the parity rule of scripts/keel_dev/parity.py; the table says where).
+   A's up to A's first near-tie (the parity rule of dev/keel_dev/parity.py; the table says where).
 
 Uses only the standard library (and the checkout's pure-Python scripts/release/pipeline_checks.py and
-scripts/keel_dev/parity.py): it drives the environments, it does not import keel or torch.
+dev/keel_dev/parity.py): it drives the environments, it does not import keel or torch.
 Logs of every step go to .cache/pipeline/.
 """
 
@@ -55,7 +55,7 @@ from pipeline_checks import (  # scripts/release/pipeline_checks.py (this script
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / ".cache" / "pipeline"
 # what the op tests need besides torch and the wheel: pytest, the checkout's keel-audit (pure Python), which
-# tests/test_wheel_libraries.py runs over the installed libraries, and keel-dev (scripts/keel_dev: the
+# tests/test_wheel_libraries.py runs over the installed libraries, and keel-dev (dev/keel_dev: the
 # helpers the tests and the probe share, e.g. the parity rule)
 TEST_TOOLS = ["pytest", str(ROOT / "audit"), str(ROOT / "scripts")]
 # This machine's pip config caps torch (a constraints file); the pipeline's own installs lift it.

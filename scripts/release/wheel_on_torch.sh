@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${TORCH:?set TORCH to the torch version to test the wheel against}"
 PY="${PYTHON:-python}"
-"$PY" -m pip install -c requirements-test.txt "torch==${TORCH}" pytest ./audit ./scripts
+"$PY" -m pip install -c requirements-test.txt "torch==${TORCH}" pytest ./audit ./dev
 "$PY" -m pip install dist/keel-*.whl
 sha256sum dist/keel-*.whl
 "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${TORCH}')"

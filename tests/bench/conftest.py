@@ -1,4 +1,4 @@
-"""What the tests of scripts/bench's engine benchmarks share: a small random Llama, and running a script."""
+"""What the tests of benchmarks's engine benchmarks share: a small random Llama, and running a script."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from keel_dev.checkpoints import write_random_llama
 
-BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def run_bench() -> Callable[..., subprocess.CompletedProcess]:
-    """run_bench(script, *args): scripts/bench/<script> with this interpreter (the installed keel), output captured."""
+    """run_bench(script, *args): benchmarks/<script> with this interpreter (the installed keel), output captured."""
 
     def run(script: str, *args: str) -> subprocess.CompletedProcess:
         cmd = [sys.executable, str(BENCH / script), *args]

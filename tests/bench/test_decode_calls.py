@@ -1,4 +1,4 @@
-"""scripts/bench/decode_calls.py runs end to end on a small random Llama (its numbers are not checked: a
+"""benchmarks/decode_calls.py runs end to end on a small random Llama (its numbers are not checked: a
 benchmark, not a test of speed): every projection of one decode step is recorded and replayed, for bf16 and
 fp8, at each thread count; bad arguments are refused."""
 

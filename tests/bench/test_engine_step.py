@@ -1,4 +1,4 @@
-"""scripts/bench/engine_step.py runs end to end on a small random Llama (its numbers are not checked: a
+"""benchmarks/engine_step.py runs end to end on a small random Llama (its numbers are not checked: a
 benchmark, not a test of speed), beside its competing process, and refuses bad arguments."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""scripts/bench/serve_peers.py's own arithmetic: /proc sampling of a process tree, guidellm 0.8.1's JSON,
-the table (the servers themselves run only in the benchmark: `python scripts/bench/serve_peers.py`)."""
+"""benchmarks/serve_peers.py's own arithmetic: /proc sampling of a process tree, guidellm 0.8.1's JSON,
+the table (the servers themselves run only in the benchmark: `python benchmarks/serve_peers.py`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.scripts import load_script
 
-peers = load_script("bench/serve_peers.py")
+peers = load_script("benchmarks/serve_peers.py")
 
 
 def stat_line(pid: int, name: str, ppid: int, utime: int, stime: int, cutime: int = 0, cstime: int = 0) -> str:
@@ -99,7 +99,7 @@ def request(prompt: int, output: int) -> dict:
 
 
 def report(ok: list[dict], errored: int = 0, start: float = 100.0, end: float = 104.0) -> dict:
-    """What scripts/bench/serve_peers.py reads of a guidellm 0.8.1 JSON report (same key paths)."""
+    """What benchmarks/serve_peers.py reads of a guidellm 0.8.1 JSON report (same key paths)."""
 
     def dist(p50: float, p99: float) -> dict:
         return {"successful": {"percentiles": {"p50": p50, "p99": p99, "p95": -1.0}}}

@@ -131,7 +131,7 @@ def _by_path(env: dict[str, str]) -> dict:
 
 
 def test_by_path_reads_keels_one_floor_and_isa_levels() -> None:
-    """Run by path, doctor loads keel/_settings.py by file: the floor and the KEEL_CPU_ISA check are keel's own."""
+    """Run by path, doctor loads src/keel/_settings.py by file: the floor and the KEEL_CPU_ISA check are keel's own."""
     from keel import _settings
 
     env = {k: v for k, v in os.environ.items() if k != "KEEL_CPU_ISA"}

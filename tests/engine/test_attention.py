@@ -1,4 +1,4 @@
-"""The attention seam (keel/layers/attention.py) against a float64 softmax(QK^T)V per sequence: ragged
+"""The attention seam (src/keel/layers/attention.py) against a float64 softmax(QK^T)V per sequence: ragged
 batches with cached prefixes, decode steps, GQA, sliding windows, shuffled block tables, contexts crossing
 block edges."""
 

@@ -11,7 +11,7 @@ from support.serve import needs_ops
 
 pytestmark = needs_ops
 
-serve_upgrade = load_script("release/serve_upgrade.py")
+serve_upgrade = load_script("scripts/release/serve_upgrade.py")
 
 
 @pytest.mark.slow  # two `keel serve` processes, one after the other

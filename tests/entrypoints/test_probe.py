@@ -1,4 +1,4 @@
-"""The project's own probe (scripts/probe/serve.py) on a sample of issue 26's hostile cases, and a bounded
+"""The project's own probe (benchmarks/probe/serve.py) on a sample of issue 26's hostile cases, and a bounded
 schemathesis pass over keel serve's OpenAPI document (fixed seed, small example count): 0 failures."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ TINY_ARGS = ["--device", "cpu", "--dtype", "fp32", "--block-size", "4", "--kv-ca
 @pytest.mark.slow  # starts its own keel serve and runs every category of the probe
 def test_probe_sample_has_no_crash_no_5xx_no_unexpected_answer(tiny_model, tmp_path):
     out = tmp_path / "probe.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "probe" / "serve.py"), "--model", str(tiny_model), "--sample"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "probe" / "serve.py"), "--model", str(tiny_model), "--sample"]
     for category in ("grammars", "templates", "Unicode", "API key", "malformed"):
         cmd += ["--only", category]
     done = subprocess.run([*cmd, "--json", str(out), "--", *TINY_ARGS], capture_output=True, text=True, timeout=600)

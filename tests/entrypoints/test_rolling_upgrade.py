@@ -1,7 +1,7 @@
 """A small rolling restart under load, as an orchestrator does it: two `keel serve` processes behind HAProxy
 (active readiness checks, retry on 503), streaming clients for a few seconds, each replica drained with
 SIGTERM, restarted and put back in turn. No client request may fail. The torch swap itself is
-scripts/fleet/rolling_upgrade.py (it needs a second environment); here both generations run this torch."""
+deploy/fleet/rolling_upgrade.py (it needs a second environment); here both generations run this torch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A short serving soak (scripts/soak/serve.py on the tiny checkpoint, about 20 s of traffic): every request
+"""A short serving soak (benchmarks/soak/serve.py on the tiny checkpoint, about 20 s of traffic): every request
 ends in an allowed outcome, the KV cache and the running batch empty once idle, fds back to their start,
 RSS flat after warm-up, and the mix really preempted, overloaded, aborted and refused."""
 
@@ -14,7 +14,7 @@ from support.serve import BLOCK_SIZE, kv_bytes_per_block, needs_ops
 
 pytestmark = [needs_ops, pytest.mark.slow]  # a 12 s soak, plus the server's start and warm-up
 
-SOAK = Path(__file__).resolve().parents[2] / "scripts" / "soak" / "serve.py"
+SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak" / "serve.py"
 
 KV_BLOCKS = 48  # 192 tokens: two prompts near the 128-token context (or two chats) do not fit, so they preempt
 

@@ -1,4 +1,4 @@
-"""Bugs found while building the serving soak (scripts/soak/serve.py checks each of them too), one test each."""
+"""Bugs found while building the serving soak (benchmarks/soak/serve.py checks each of them too), one test each."""
 
 from __future__ import annotations
 

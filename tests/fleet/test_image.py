@@ -1,4 +1,4 @@
-"""The serving image (deploy/Containerfile, scripts/fleet/build_images.sh): layer order, the preflight gate
+"""The serving image (deploy/Containerfile, deploy/fleet/build_images.sh): layer order, the preflight gate
 before the torch install, the health check and entrypoint; with podman, the small build of the image."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "deploy" / "Containerfile"
-SCRIPT = ROOT / "scripts" / "fleet" / "build_images.sh"
+SCRIPT = ROOT / "deploy" / "fleet" / "build_images.sh"
 
 
 @dataclass
@@ -125,7 +125,7 @@ def test_healthcheck_is_keel_doctor_and_entrypoint_is_keel_serve():
 @pytest.mark.skipif(
     os.environ.get("KEEL_TEST_IMAGE") != "1",
     reason="downloads torch wheels and Debian packages (the suite needs no network): KEEL_TEST_IMAGE=1 runs it, "
-    "or the documented command bash scripts/fleet/build_images.sh",
+    "or the documented command bash deploy/fleet/build_images.sh",
 )
 def test_build_images_small_refuses_torch_2_9_1():
     wheels = sorted((ROOT / "dist").glob("keel-*.whl"))

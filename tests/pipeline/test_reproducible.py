@@ -55,7 +55,8 @@ def build_copy(dest: Path, cuda: bool) -> dict[str, bytes]:
         [sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    libs = {p.relative_to(dest).as_posix(): p.read_bytes() for p in sorted((dest / "keel").rglob("*.abi3.so"))}
+    src = dest / "src"  # build_ext --inplace writes into the package folder, src/keel
+    libs = {p.relative_to(src).as_posix(): p.read_bytes() for p in sorted((src / "keel").rglob("*.abi3.so"))}
     assert libs, f"no library built in {dest}"
     return libs
 

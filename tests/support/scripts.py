@@ -1,4 +1,5 @@
-"""Load one of scripts/*/*.py as a module, for tests of its functions (scripts are not a package).
+"""Load a script (scripts/*/*.py, benchmarks/**/*.py) as a module, for tests of its functions (scripts are not a
+package).
 
 A script imports the modules of its own folder by their bare names (`python scripts/release/pipeline.py`
 puts scripts/release/ first on sys.path); `load_script` loads those siblings first, by file, under the
@@ -12,13 +13,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_script(relpath: str, *siblings: str) -> ModuleType:
-    """scripts/`relpath` (e.g. "release/pipeline.py") as a module; `siblings`: the bare names of the modules
-    of its folder that it imports (loaded first, in this order)."""
-    path = SCRIPTS / relpath
+    """The script at `relpath` from the repository root (e.g. "scripts/release/pipeline.py") as a module;
+    `siblings`: the bare names of the modules of its folder that it imports (loaded first, in this order)."""
+    path = ROOT / relpath
     for name in siblings:
         if name not in sys.modules:
             _load(name, path.parent / f"{name}.py")

@@ -1,4 +1,4 @@
-"""keel_dev's timer, port and server helpers (the shared developer package, scripts/keel_dev)."""
+"""keel_dev's timer, port and server helpers (the shared developer package, dev/keel_dev)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The engine's FP8 path (keel/layers/fp8_linear.py): Fp8Linear against nn.Linear, every linear swapped
+"""The engine's FP8 path (src/keel/layers/fp8_linear.py): Fp8Linear against nn.Linear, every linear swapped
 (lm_head included, the embedding kept), and end to end on the real SmolLM2-135M: `quantization="fp8"`
 answers the capital-of-France prompt and its perplexity on tests/data/perplexity_text.txt is within 3%
 of bf16 (both values are printed). The real-model tests skip when the GGUF is not installed."""

@@ -1,0 +1,31 @@
+"""keel's developer helpers, shared by scripts/ and tests/ (distribution `keel-dev`: `pip install -e dev`).
+
+Not part of the keel wheel; nothing in keel imports it.
+
+  timing       one alternating min-of-means timer (perf_counter, or CUDA events)
+  net          a free loopback port
+  server       `keel serve` as a subprocess: start, wait for /health, stop
+  checkpoints  tiny random checkpoints and a trained toy tokenizer; a random-weight Llama without transformers
+  smollm2      where the real SmolLM2 GGUF is
+  parity       the parity rule (greedy tokens, logits) between keel and a reference
+  engine       all-position logits through keel's prefill path; a fresh KV pool
+  greedy       keel's greedy tokens and logits, in this process or in a child with another CPU build
+  fuzz.ops     the op fuzzer (scripts/dev/fuzz_ops.py)
+  fuzz.loaders the loader fuzzer (scripts/dev/fuzz_loaders.py)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SEARCH_PATH = str(Path(__file__).resolve().parent.parent)  # the folder that holds keel_dev (scripts/)
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with keel_dev's folder first on PYTHONPATH, for a child process that
+    imports keel_dev with another interpreter or before keel_dev is installed there."""
+    env = dict(os.environ if env is None else env)
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = SEARCH_PATH + (os.pathsep + rest if rest else "")
+    return env
