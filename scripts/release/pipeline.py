@@ -57,7 +57,7 @@ LOGS = ROOT / ".cache" / "pipeline"
 # what the op tests need besides torch and the wheel: pytest, the checkout's keel-audit (pure Python), which
 # tests/test_wheel_libraries.py runs over the installed libraries, and keel-dev (dev/keel_dev: the
 # helpers the tests and the probe share, e.g. the parity rule)
-TEST_TOOLS = ["pytest", str(ROOT / "audit"), str(ROOT / "scripts")]
+TEST_TOOLS = ["pytest", str(ROOT / "audit"), str(ROOT / "dev")]
 # This machine's pip config caps torch (a constraints file); the pipeline's own installs lift it.
 # An empty PIP_CONSTRAINT is ignored by some pip releases, /dev/null (no constraints) never is.
 PIP_ENV = {"PIP_CONSTRAINT": "/dev/null", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
