@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import keel_dev.cpu
 import pytest
 import torch
 from torch import nn
@@ -41,7 +42,7 @@ def test_packed_linear_fallback_same_result(monkeypatch, missing):
     x = torch.randn(20, 32, dtype=torch.bfloat16)  # 20 rows: the prefill (packed) path
     packed = cpu_linear.PackedLinear(lin)
     # oneDNN reorders bf16 weights for CPUs with AVX-512; an AVX2-only CPU refuses them and keel keeps F.linear
-    assert (packed.packed is not None) == (ONEDNN_BF16 <= _compat._cpuinfo_flags())
+    assert (packed.packed is not None) == (ONEDNN_BF16 <= keel_dev.cpu.flags())
     want = packed(x)
     without(monkeypatch, missing)
     fallback = cpu_linear.PackedLinear(lin)

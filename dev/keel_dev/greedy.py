@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from keel_dev import child_env
+from keel_dev import child_env, cpu
 
 ISAS = ("default", "avx2", "base")  # "default": KEEL_CPU_ISA unset, the best build this CPU runs
 
@@ -65,9 +65,8 @@ def _child(job_json: str) -> None:
 
 def cpu_flags() -> str:
     """The instruction-set extensions of this CPU that keel's builds care about (from /proc/cpuinfo)."""
-    try:
-        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
-    except (OSError, StopIteration):
+    flags = cpu.flags()
+    if not flags:
         return "unknown"
     wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
     return " ".join(f for f in wanted if f in flags) or "none of avx2/avx512/amx"

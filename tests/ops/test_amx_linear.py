@@ -12,11 +12,11 @@ the same calls run the other kernels and the reference checks still hold; the AM
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+import keel_dev.cpu
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,13 +26,7 @@ from keel import ops
 
 
 def _cpu_has_amx_flags() -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    flags = set(m.group(1).split()) if m else set()
-    return {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags
+    return {"amx_tile", "amx_bf16", "avx512_bf16"} <= keel_dev.cpu.flags()
 
 
 HAS_AMX = _cpu_has_amx_flags()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keel_dev.cpu
 import pytest
 import torch
 
@@ -99,10 +100,7 @@ LEVELS = [None, "auto", "base", "avx2", "avx512", "amx"]  # None: unset
 
 
 def _flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+    return keel_dev.cpu.flags()
 
 
 def expected_builds(level: str | None, flags: set[str]) -> tuple[str, str]:

@@ -13,11 +13,10 @@ Without AMX the reference checks run the GEMV.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-from pathlib import Path
 
+import keel_dev.cpu
 import pytest
 import torch
 from support.devices import assert_rounded_like
@@ -27,12 +26,7 @@ from keel.vendored import deep_gemm as dg
 
 
 def _cpu_has_amx_flags() -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    return {"amx_tile", "amx_bf16", "avx512_bf16"} <= set(m.group(1).split() if m else ())
+    return {"amx_tile", "amx_bf16", "avx512_bf16"} <= keel_dev.cpu.flags()
 
 
 HAS_AMX = _cpu_has_amx_flags()

@@ -14,24 +14,14 @@ cannot give).
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+import keel_dev.cpu
 import pytest
 
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    return set(m.group(1).split()) if m else set()
-
-
-FLAGS = _cpu_flags()
+FLAGS = keel_dev.cpu.flags()
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= FLAGS
 HAS_AVX512BF16 = HAS_AVX512 and "avx512_bf16" in FLAGS
 HAS_AMX = HAS_AVX512BF16 and {"amx_tile", "amx_bf16"} <= FLAGS

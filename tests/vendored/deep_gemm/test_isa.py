@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import keel_dev.cpu
 import pytest
 
 SCRIPT = r"""
@@ -37,16 +38,6 @@ AVX2 = {"avx2", "fma", "f16c"}  # what the fork's avx2 build is compiled for (ru
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
 
 
-def cpu_flags() -> set[str]:
-    """The first processor's flags in /proc/cpuinfo (empty when there is none)."""
-    if not os.path.exists("/proc/cpuinfo"):
-        return set()
-    for line in open("/proc/cpuinfo").read().splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
 def best_build(flags: set[str]) -> str:
     """The build the fork picks on a CPU with `flags`, computed here independently of the fork."""
     return "avx512" if AVX512 <= flags else "avx2" if AVX2 <= flags else "base"
@@ -70,7 +61,7 @@ def _run(isa: str, cwd) -> str:
 def test_every_isa_build_is_correct_and_selected(tmp_path):
     # every build this CPU runs is checked against the fp64 reference (SCRIPT); the builds reduce in
     # different orders (1, 8, 16 lanes), so equal digests mean the same build ran, distinct ones another
-    runs = expected_runs(cpu_flags())
+    runs = expected_runs(keel_dev.cpu.flags())
     digests = {isa: _run(isa, tmp_path) for isa in runs}
     for a in runs:
         for b in runs:

@@ -13,25 +13,17 @@ build once per process: base, avx2, and auto = avx512 where the CPU has it).
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+import keel_dev.cpu
 import pytest
 
 _TESTS = Path(__file__).resolve().parents[2]  # tests/: the child imports support.flash_attn_ref
 
 
-def _flags() -> set[str]:
-    try:
-        m = re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
-    except OSError:
-        return set()
-    return set(m.group(1).split()) if m else set()
-
-
-FLAGS = _flags()
+FLAGS = keel_dev.cpu.flags()
 LEVELS = [("base", True), ("avx2", {"avx2", "fma", "f16c"} <= FLAGS), ("auto", True)]
 
 CHILD = r"""

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import keel_dev.cpu
 import pytest
 import torch
 from support.flash_attn_ref import cu, paged
@@ -84,13 +85,6 @@ AVX2 = {"avx2", "fma", "f16c"}  # what the fork's builds are compiled for (flash
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
 
 
-def _cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else ():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
 def expected_isa(requested: str | None, flags: set[str]) -> str:
     """The build that must run for KEEL_CPU_ISA=`requested` on a CPU with `flags`, worked out here from
     the CPU's flags (not from the library): the best the CPU runs, capped by the request."""
@@ -125,5 +119,5 @@ def test_every_cpu_build_matches_reference(isa, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     ran, status = out.stdout.split()
-    assert ran == expected_isa(isa, _cpu_flags()), f"KEEL_CPU_ISA={isa} ran the {ran} build"
+    assert ran == expected_isa(isa, keel_dev.cpu.flags()), f"KEEL_CPU_ISA={isa} ran the {ran} build"
     assert status == "OK"
