@@ -69,12 +69,17 @@ for rel in sorted(have - want):
 EOF
 else
   rm -f "$BUILD_STAMP"
-  # CI (CI=true, as root): the rolling-restart test puts HAProxy (Debian's package) in front of two replicas;
-# elsewhere that test skips with its reason
-if [ "${CI:-}" = true ] && ! command -v haproxy >/dev/null && [ ! -x /usr/sbin/haproxy ] && [ "$(id -u)" = 0 ]; then
-  { apt-get install -y -q haproxy || { apt-get update -q && apt-get install -y -q haproxy; }; } >/dev/null 2>&1 ||
-    echo "scripts/test.sh: could not install haproxy; tests/entrypoints/test_rolling_upgrade.py will skip" >&2
-fi
+  # CI (CI=true, as root): Debian's packages for two tests that skip with their reason elsewhere: HAProxy in front
+  # of two replicas (the rolling restart), qemu-user for the emulated AVX2-only CPU (tests/test_emulated_cpu.py)
+  if [ "${CI:-}" = true ] && [ "$(id -u)" = 0 ]; then
+    missing=()
+    command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+    command -v qemu-x86_64 >/dev/null || missing+=(qemu-user)
+    if [ "${#missing[@]}" -gt 0 ]; then
+      { apt-get install -y -q "${missing[@]}" || { apt-get update -q && apt-get install -y -q "${missing[@]}"; }; } \
+        >/dev/null 2>&1 || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them skip" >&2
+    fi
+  fi
 
 bash "$KEEL_ROOT/scripts/release/build_wheel.sh" "$VENV"
   "$PY" -m pip install -q --force-reinstall --no-deps "$KEEL_ROOT"/dist/keel-*.whl
