@@ -5,13 +5,15 @@ second core takes off, per weight shape, with the engine's own weights and argum
     python benchmarks/decode_calls.py --quantization fp8 --rounds 6
     python benchmarks/decode_calls.py --model DIR --threads 1 2 4
 
-The engine (batch 1, prefix caching off) prefills a prompt of --prompt-tokens token ids and runs one decode
-step with every `keel.ops.linear` / `keel.ops.fp8_linear` call recorded (the projections of every layer and
-the lm_head, with their tensors: what `step_fn` and `compute_logits` pass). The recorded calls are then
-replayed in model order, --reps times per round, each call timed on its own (Python call included), with
-torch's thread count set to each of --threads in turn, alternated for --rounds rounds. Printed per round and
-thread count: the median microseconds of a call per weight shape and their sum over one step's calls
-(ms per token); then, per thread count, the median over rounds and its speedup over the first count.
+The engine (batch 1, prefix caching off) loads the model, places its weights as it runs them (keel's linear or
+FP8 policy, huge pages) and prefills a prompt of --prompt-tokens token ids; one decode step's projections are then
+the four of every layer (qkv, o, gate/up, down, in model order, with the weights the fused layer ops take:
+`keel.layers.linear.projection`) and the lm_head, each with one row of x in the activations' dtype. Each is called
+through keel's own op (keel::linear or keel::fp8_linear: the code the fused step runs it with), replayed in model
+order, --reps times per round, each call timed on its own (Python call included), with torch's thread count set to
+each of --threads in turn, alternated for --rounds rounds. Printed per round and thread count: the median
+microseconds of a call per weight shape and their sum over one step's calls (ms per token); then, per thread count,
+the median over rounds and its speedup over the first count.
 
 Replayed back to back, a call meets weights that are not in cache (a step's weights are far bigger than the
 last-level cache) but none of the step's other work between calls: the figures are the projections' share of
@@ -36,58 +38,35 @@ import torch
 from keel_dev.smollm2 import bf16_checkpoint
 from keel_dev.timing import cpu_name
 
-import keel.ops
-
 Call = tuple[Callable[..., torch.Tensor], tuple, dict]
 
 
 def record_step(model: str, quantization: str, prompt_tokens: int) -> list[Call]:
     """The projection calls of one decode step of `model` (batch 1), with their arguments."""
     from keel import LLM, SamplingParams
+    from keel.layers.linear import projection
+    from keel.ops.layer import project
 
+    llm = LLM(model, dtype="bfloat16", device="cpu", quantization=quantization, progress=False,
+              enable_prefix_caching=False)  # fmt: skip
+    vocab = llm.llm_engine.config.vocab_size
+    llm.generate([[(7 * i + 11) % vocab for i in range(prompt_tokens)]], SamplingParams(max_tokens=2, ignore_eos=True))
+    runner = llm.llm_engine.runner
+    modules = []
+    for layer in runner.model.model.layers:
+        modules += [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
     calls: list[Call] = []
-    recording = False
-    originals = {name: getattr(keel.ops, name) for name in ("linear", "fp8_linear")}
-
-    def recorder(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        def run(*args: object, **kwargs: object) -> torch.Tensor:
-            if recording:
-                calls.append((fn, args, kwargs))
-            return fn(*args, **kwargs)
-
-        return run
-
-    for name, fn in originals.items():
-        setattr(keel.ops, name, recorder(fn))
-    try:
-        llm = LLM(model, dtype="bfloat16", device="cpu", quantization=quantization, progress=False,
-                  enable_prefix_caching=False)  # fmt: skip
-        vocab = llm.llm_engine.config.vocab_size
-        ids = [(7 * i + 11) % vocab for i in range(prompt_tokens)]
-        engine = llm.llm_engine
-        engine.add_request("decode-calls", ids, SamplingParams(max_tokens=4, ignore_eos=True))
-        while engine.has_unfinished_requests():  # the prompt's step(s), then the first decode step is kept
-            calls.clear()
-            recording = True
-            engine.step()
-            recording = False
-            # a decode step: one row of x in every call (a prompt chunk's projections have a row per token)
-            if calls and all(args[0].numel() == args[0].shape[-1] for _, args, _ in calls):
-                break
-        else:
-            calls.clear()  # the request ended without one
-        while engine.has_unfinished_requests():
-            engine.step()
-    finally:
-        for name, fn in originals.items():
-            setattr(keel.ops, name, fn)
-    if not calls:
-        raise SystemExit("decode_calls: no decode step with keel.ops.linear / fp8_linear calls was seen")
+    for module in [*modules, runner.model.lm_head]:
+        p = projection(module)
+        if callable(p):
+            raise SystemExit(f"decode_calls: {type(module).__name__} is not a projection keel's fused step takes")
+        x = torch.randn(1, p[0].shape[1]).to(runner.dtype)
+        calls.append((project, (x, p), {}))
     return calls
 
 
 def weight_shape(call: Call) -> tuple[int, ...]:
-    return tuple(call[1][1].shape)
+    return tuple(call[1][1][0].shape)
 
 
 def replay(calls: list[Call], reps: int) -> tuple[dict[tuple[int, ...], float], float]:
@@ -128,7 +107,7 @@ def main() -> int:
         except FileNotFoundError as exc:  # keel's model-not-found error (a folder that is not there)
             p.error(str(exc))
         shapes = list(dict.fromkeys(weight_shape(c) for c in calls))
-        rows = sorted({x.numel() // x.shape[-1] for _, (x, *_), _ in calls})  # rows of x per call
+        rows = sorted({x.numel() // x.shape[-1] for _, (x, _), _ in calls})  # rows of x per call
         print(f"\n== {quant}: {len(calls)} calls per step, rows of x per call {rows}; median us per call by weight "
               "shape, ms per token")  # fmt: skip
         print("| round | threads | " + " | ".join(str(list(s)) for s in shapes) + " | ms per token |")

@@ -29,4 +29,21 @@ KEEL_LIBRARY(m) {
   m.def("fp8_linear(Tensor x, Tensor qweight, Tensor scale, Tensor? bias, Tensor? special_rows=None) -> Tensor");
   // bool [N]: whether row n of an e4m3 qweight [N, K] holds a subnormal or NaN byte. CPU only.
   m.def("fp8_special_rows(Tensor qweight) -> Tensor");
+  // A decoder layer up to its attention, for T tokens: residual += x (when given); h = rms_norm(residual);
+  // qkv = h @ qkv_weight^T (+ qkv_bias); q and k rms-normed per head (when q/k norm weights are given) and rotated
+  // by cos_sin_cache[positions] (NeoX); k and v written to the paged caches at slot_mapping (-1: skipped). Returns
+  // q [T, num_heads, head_size] (head_size: key_cache's last dim). A projection's weight is keel::linear's (the
+  // activations' dtype) or keel::fp8_linear's (float8_e4m3fn with its scale and optional special_rows; CPU only).
+  m.def(
+      "layer_qkv(Tensor? x, Tensor(a!) residual, Tensor norm_weight, float eps, Tensor qkv_weight, Tensor? qkv_scale, "
+      "Tensor? qkv_bias, Tensor? qkv_special_rows, Tensor? q_norm_weight, Tensor? k_norm_weight, Tensor positions, "
+      "Tensor cos_sin_cache, int num_heads, int num_kv_heads, Tensor(b!) key_cache, Tensor(c!) value_cache, "
+      "Tensor slot_mapping) -> Tensor");
+  // A decoder layer after its attention, for T tokens: o = attn @ o_weight^T; residual += o; h = rms_norm(residual);
+  // returns (silu(gate) * up of h @ gate_up_weight^T) @ down_weight^T [T, hidden] (each projection as in layer_qkv).
+  m.def(
+      "layer_mlp(Tensor attn, Tensor(a!) residual, Tensor o_weight, Tensor? o_scale, Tensor? o_bias, "
+      "Tensor? o_special_rows, Tensor norm_weight, float eps, Tensor gate_up_weight, Tensor? gate_up_scale, "
+      "Tensor? gate_up_bias, Tensor? gate_up_special_rows, Tensor down_weight, Tensor? down_scale, Tensor? down_bias, "
+      "Tensor? down_special_rows) -> Tensor");
 }

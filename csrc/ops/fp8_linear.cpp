@@ -9,6 +9,7 @@
 // refuses: CUDA runs FP8 through keel.vendored.deep_gemm.
 #include "ops/fp8_linear.h"
 #include "ops/fp8_linear_amx.h"
+#include "ops/projection.h"
 
 #include <cmath>
 #include <cstring>
@@ -26,18 +27,18 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The weight, scale and bias fields that the GEMV's and the AMX kernel's parameters share.
+// The fields of an e4m3 weight that the GEMV's and the AMX kernel's parameters share.
 template <typename P>
-void set_weight(P& p, const Tensor& qweight, const Tensor& scale, const std::optional<Tensor>& bias, int64_t n) {
-  p.w = static_cast<const uint8_t*>(qweight.data_ptr());
-  p.w_row = qweight.stride(0);
-  p.scale = static_cast<const float*>(scale.data_ptr());
-  p.scale_rows = scale.size(0) == n ? 1 : 128;
-  p.scale_s0 = scale.stride(0);
-  p.scale_s1 = scale.stride(1);
-  p.bias = bias.has_value() ? static_cast<decltype(p.bias)>(bias->data_ptr()) : nullptr;
-  p.bias_stride = bias.has_value() ? bias->stride(0) : 0;
-  p.n = n;
+void set_weight(P& p, const Fp8Weight& w) {
+  p.w = w.w;
+  p.w_row = w.w_row;
+  p.scale = w.scale;
+  p.scale_rows = w.scale_rows;
+  p.scale_s0 = w.scale_s0;
+  p.scale_s1 = w.scale_s1;
+  p.bias = static_cast<decltype(p.bias)>(w.bias);
+  p.bias_stride = w.bias_stride;
+  p.n = w.n;
 }
 
 // Checks every argument; returns the dtype of x (and bias, and the output).
@@ -71,32 +72,24 @@ DType check_fp8_linear_args(const char* op, const Tensor& x, const Tensor& qweig
   return dt;
 }
 
-// Prompt rows of bf16 x on AMX (fp8_linear_amx_cpu.cpp): x packed once into the B-tile layout, then 32-wide
-// blocks of output features on the pool, each decoding its weight panel once for all rows.
-void fp8_linear_amx_call(const char* op, const Tensor& x, const Tensor& qweight, const Tensor& scale,
-                         const std::optional<Tensor>& bias, Tensor& out, int64_t m, int64_t n, int64_t k) {
+// bf16 x on AMX (fp8_linear_amx_cpu.cpp): x packed once into the B-tile layout, then 32-wide blocks of output
+// features on the pool, each decoding its weight panel once for all rows.
+void fp8_linear_amx_call(const uint16_t* x, int64_t m, int64_t k, const Fp8Weight& w, void* out) {
   Fp8AmxParams a{};
-  std::vector<uint16_t> xcopy;
-  if (x.is_contiguous()) {
-    a.x = static_cast<const uint16_t*>(x.data_ptr());
-  } else {
-    xcopy.resize(static_cast<size_t>(m * k));
-    copy_rows<uint16_t>(op, "x", x, xcopy.data(), k, [](const uint16_t* v) { return *v; });
-    a.x = xcopy.data();
-  }
+  a.x = x;
   a.x_row = k;
   a.kp = ceil_div(k, kFp8BlockK) * kFp8BlockK;
   a.mp = ceil_div(m, kFp8AmxBlockM) * kFp8AmxBlockM;
   thread_local std::vector<uint16_t> xpack;
   xpack.resize(static_cast<size_t>(a.mp * a.kp));  // pack writes every element, zeros included
   a.xpack = xpack.data();
-  set_weight(a, qweight, scale, bias, n);
-  a.out = static_cast<bf16_t*>(out.data_ptr());
+  set_weight(a, w);
+  a.out = static_cast<bf16_t*>(out);
   a.m = m;
   a.k = k;
   parallel_for(a.mp / 16, grain_for(16 * a.kp, 32768),
                [&](int64_t b, int64_t e) { cpu_avx2::fp8_linear_amx_pack(a, b, e); });
-  parallel_for(ceil_div(n, kFp8AmxBlockN), grain_for(kFp8AmxBlockN * a.kp * a.mp, int64_t{1} << 21),
+  parallel_for(ceil_div(w.n, kFp8AmxBlockN), grain_for(kFp8AmxBlockN * a.kp * a.mp, int64_t{1} << 21),
                [&](int64_t b, int64_t e) { cpu_avx2::fp8_linear_amx_cols(a, b, e); });
 }
 
@@ -168,6 +161,129 @@ Tensor fp8_special_rows(const Tensor& qweight) {
 #endif
 }
 
+#ifndef KEEL_CUDA_LIBRARY
+namespace {
+
+// bf16 x on AVX512-BF16: its bf16 copy for vdpbf16ps, each row scaled by a power of two (exact), from the fp32 rows
+// in p.x. Decided per row (x16_ok), never per call: a row's path, hence its bits, must not depend on the other rows
+// of the call. Sets p.x16 and its companions unless every row takes the exact path.
+void prepare_x16(Fp8LinearParams& p, int64_t m, int64_t k) {
+  thread_local std::vector<uint16_t> x16buf;
+  thread_local std::vector<float> x16_unscale, x_scale;
+  thread_local std::vector<uint8_t> x16_ok;
+  x16buf.assign(static_cast<size_t>(m * p.kp), 0);
+  x16_unscale.resize(static_cast<size_t>(m));
+  x_scale.resize(static_cast<size_t>(m));
+  x16_ok.resize(static_cast<size_t>(m));
+  bool any = false;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = p.x + r * p.kp;
+    float mx = 0.0f;
+    bool ok = true;
+    for (int64_t i = 0; i < k; ++i) {
+      const float a = std::fabs(xr[i]);
+      mx = a > mx ? a : mx;
+      if (!(a <= 3.4e38f)) ok = false;  // inf or NaN: the exact path propagates them
+    }
+    int ex = 0;
+    std::frexp(mx, &ex);                     // mx = f * 2^ex, f in [0.5, 1)
+    const int e = mx == 0.0f ? 0 : 65 - ex;  // max |x| * 2^e in [2^64, 2^65)
+    // keeps both factors finite, normal fp32 numbers: x_scale = 2^(e - 112) >= 2^-126 and
+    // x16_unscale = 2^(120 - e) <= 2^127 (rows of |x| >= 2^72 take the exact path)
+    if (e < -7 || e > 127) ok = false;
+    x16_ok[r] = ok ? 1 : 0;
+    if (!ok) {  // the exact path: its sums in units of 1 (the fp16 decode's 2^-8 folded into x_scale)
+      x16_unscale[r] = 1.0f;
+      x_scale[r] = kFp8Unit;
+      continue;
+    }
+    any = true;
+    const float f = std::ldexp(1.0f, e);
+    uint16_t* dst = x16buf.data() + r * p.kp;
+    for (int64_t i = 0; i < k; ++i) {
+      uint32_t u;
+      const float v = xr[i] * f;  // exact: x is bf16, the factor a power of two
+      std::memcpy(&u, &v, sizeof(u));
+      dst[i] = static_cast<uint16_t>(u >> 16);
+    }
+    x16_unscale[r] = std::ldexp(1.0f, 120 - e);
+    x_scale[r] = std::ldexp(1.0f, e - 112);
+  }
+  if (any) {  // else every row takes the exact path, whose bits these rows would get here too
+    p.x16 = x16buf.data();
+    p.x16_unscale = x16_unscale.data();
+    p.x_scale = x_scale.data();
+    p.x16_ok = x16_ok.data();
+  }
+}
+
+}  // namespace
+
+void fp8_linear_cpu(DType dt, const void* x, int64_t m, int64_t k, const Fp8Weight& w, void* out) {
+  if (m == 0 || w.n == 0) return;
+  if (dt == DType::kBFloat16 && k > 0 && cpu_has_amx()) {
+    // every bf16 call on AMX, decode rows too: the AMX kernel and the GEMV sum in different orders, so a row count
+    // threshold between them would make a token's bits depend on its call. UNVERIFIED on AMX hardware (docs/ops.md).
+    fp8_linear_amx_call(static_cast<const uint16_t*>(x), m, k, w, out);
+    return;
+  }
+  Fp8LinearParams p{};
+  p.dtype = dt;
+  p.kp = ceil_div(k, kFp8BlockK) * kFp8BlockK;
+  // x in fp32, rows padded with zeros to whole K blocks: converted once, read for every weight row
+  thread_local std::vector<float> xbuf;
+  xbuf.assign(static_cast<size_t>(m * p.kp), 0.0f);
+  dispatch_storage(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = static_cast<const T*>(x);
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t i = 0; i < k; ++i) xbuf[static_cast<size_t>(r * p.kp + i)] = load(src + r * k + i);
+    }
+  });
+  p.x = xbuf.data();
+  if (dt == DType::kBFloat16 && cpu_has_avx512bf16() && k > 0) prepare_x16(p, m, k);
+  set_weight(p, w);
+  p.row_special = w.row_special;
+  p.row_special_stride = w.row_special_stride;
+  p.k = k;
+  p.out = out;
+  const int64_t out_elem = dt == DType::kFloat32 ? 4 : 2;
+  for (int64_t m0 = 0; m0 < m; m0 += kFp8RowBlock) {
+    Fp8LinearParams q = p;
+    q.m = m - m0 < kFp8RowBlock ? m - m0 : kFp8RowBlock;
+    q.x = p.x + m0 * p.kp;
+    if (q.x16) {
+      q.x16 += m0 * p.kp;
+      q.x16_unscale += m0;
+      q.x_scale += m0;
+      q.x16_ok += m0;
+    }
+    q.out = static_cast<char*>(p.out) + m0 * w.n * out_elem;
+    // each chunk decodes >= 32 KB of weight (small layers run inline, skipping the pool hand-off)
+    parallel_for(w.n, grain_for(k * q.m, 32768), [&](int64_t b, int64_t e) { cpu::fp8_linear_cols(q, b, e); });
+  }
+}
+#endif
+
+Fp8Weight fp8_weight(const Tensor& qweight, const Tensor& scale, const std::optional<Tensor>& bias,
+                     const std::optional<Tensor>& special_rows) {
+  Fp8Weight w{};
+  w.n = qweight.size(0);
+  w.w = static_cast<const uint8_t*>(qweight.data_ptr());
+  w.w_row = qweight.stride(0);
+  w.scale = static_cast<const float*>(scale.data_ptr());
+  w.scale_rows = scale.size(0) == w.n ? 1 : 128;
+  w.scale_s0 = scale.stride(0);
+  w.scale_s1 = scale.stride(1);
+  w.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  w.bias_stride = bias.has_value() ? bias->stride(0) : 0;
+  if (special_rows.has_value()) {
+    w.row_special = static_cast<const uint8_t*>(special_rows->data_ptr());
+    w.row_special_stride = special_rows->stride(0);
+  }
+  return w;
+}
+
 Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, std::optional<Tensor> bias,
                   std::optional<Tensor> special_rows) {
   constexpr const char* op = "keel::fp8_linear";
@@ -189,100 +305,17 @@ Tensor fp8_linear(const Tensor& x, const Tensor& qweight, const Tensor& scale, s
   out_sizes.back() = n;
   Tensor out = empty_contiguous(out_sizes, dtype_code(x), x);
   if (m == 0 || n == 0) return out;
-  if (dt == DType::kBFloat16 && k > 0 && cpu_has_amx()) {
-    // every bf16 call on AMX, decode rows too (issue 27): the AMX kernel and the GEMV sum in different orders, so
-    // a row count threshold between them would make a token's bits depend on its call. UNVERIFIED on AMX
-    // hardware in the session that routed decode here (docs/_incoming/determinism.md).
-    fp8_linear_amx_call(op, x, qweight, scale, bias, out, m, n, k);
-    return out;
-  }
-
-  Fp8LinearParams p{};
-  p.dtype = dt;
-  p.kp = ceil_div(k, kFp8BlockK) * kFp8BlockK;
-  // x in fp32, rows padded with zeros to whole K blocks: converted once, read for every weight row
-  thread_local std::vector<float> xbuf;
-  xbuf.assign(static_cast<size_t>(m * p.kp), 0.0f);
-  if (k > 0) {
+  const void* xp = x.data_ptr();
+  thread_local std::vector<uint16_t> xrows;  // a strided x's rows, contiguous (as 16-bit or 32-bit elements)
+  if (!x.is_contiguous()) {
+    xrows.resize(static_cast<size_t>(m * k * (dt == DType::kFloat32 ? 2 : 1)));
     dispatch_storage(dt, [&](auto tag) {
       using T = decltype(tag);
-      copy_rows<T>(op, "x", x, xbuf.data(), p.kp, [](const T* v) { return load(v); });
+      copy_rows<T>(op, "x", x, reinterpret_cast<T*>(xrows.data()), k, [](const T* v) { return *v; });
     });
+    xp = xrows.data();
   }
-  p.x = xbuf.data();
-  // bf16 x on AVX512-BF16: its bf16 copy for vdpbf16ps, each row scaled by a power of two (exact). Decided per
-  // row (x16_ok), never per call: a row's path, hence its bits, must not depend on the other rows of the call
-  thread_local std::vector<uint16_t> x16buf;
-  thread_local std::vector<float> x16_unscale, x_scale;
-  thread_local std::vector<uint8_t> x16_ok;
-  if (dt == DType::kBFloat16 && cpu_has_avx512bf16() && k > 0) {
-    x16buf.assign(static_cast<size_t>(m * p.kp), 0);
-    x16_unscale.resize(static_cast<size_t>(m));
-    x_scale.resize(static_cast<size_t>(m));
-    x16_ok.resize(static_cast<size_t>(m));
-    bool any = false;
-    for (int64_t r = 0; r < m; ++r) {
-      const float* xr = xbuf.data() + r * p.kp;
-      float mx = 0.0f;
-      bool ok = true;
-      for (int64_t i = 0; i < k; ++i) {
-        const float a = std::fabs(xr[i]);
-        mx = a > mx ? a : mx;
-        if (!(a <= 3.4e38f)) ok = false;  // inf or NaN: the exact path propagates them
-      }
-      int ex = 0;
-      std::frexp(mx, &ex);                     // mx = f * 2^ex, f in [0.5, 1)
-      const int e = mx == 0.0f ? 0 : 65 - ex;  // max |x| * 2^e in [2^64, 2^65)
-      // keeps both factors finite, normal fp32 numbers: x_scale = 2^(e - 112) >= 2^-126 and
-      // x16_unscale = 2^(120 - e) <= 2^127 (rows of |x| >= 2^72 take the exact path)
-      if (e < -7 || e > 127) ok = false;
-      x16_ok[r] = ok ? 1 : 0;
-      if (!ok) {  // the exact path: its sums in units of 1 (the fp16 decode's 2^-8 folded into x_scale)
-        x16_unscale[r] = 1.0f;
-        x_scale[r] = kFp8Unit;
-        continue;
-      }
-      any = true;
-      const float f = std::ldexp(1.0f, e);
-      uint16_t* dst = x16buf.data() + r * p.kp;
-      for (int64_t i = 0; i < k; ++i) {
-        uint32_t u;
-        const float v = xr[i] * f;  // exact: x is bf16, the factor a power of two
-        std::memcpy(&u, &v, sizeof(u));
-        dst[i] = static_cast<uint16_t>(u >> 16);
-      }
-      x16_unscale[r] = std::ldexp(1.0f, 120 - e);
-      x_scale[r] = std::ldexp(1.0f, e - 112);
-    }
-    if (any) {  // else every row takes the exact path, whose bits these rows would get here too
-      p.x16 = x16buf.data();
-      p.x16_unscale = x16_unscale.data();
-      p.x_scale = x_scale.data();
-      p.x16_ok = x16_ok.data();
-    }
-  }
-  set_weight(p, qweight, scale, bias, n);
-  if (special_rows.has_value()) {
-    p.row_special = static_cast<const uint8_t*>(special_rows->data_ptr());
-    p.row_special_stride = special_rows->stride(0);
-  }
-  p.k = k;
-  p.out = out.data_ptr();
-  const int64_t out_elem = dt == DType::kFloat32 ? 4 : 2;
-  for (int64_t m0 = 0; m0 < m; m0 += kFp8RowBlock) {
-    Fp8LinearParams q = p;
-    q.m = m - m0 < kFp8RowBlock ? m - m0 : kFp8RowBlock;
-    q.x = p.x + m0 * p.kp;
-    if (q.x16) {
-      q.x16 += m0 * p.kp;
-      q.x16_unscale += m0;
-      q.x_scale += m0;
-      q.x16_ok += m0;
-    }
-    q.out = static_cast<char*>(p.out) + m0 * n * out_elem;
-    // each chunk decodes >= 32 KB of weight (small layers run inline, skipping the pool hand-off)
-    parallel_for(n, grain_for(k * q.m, 32768), [&](int64_t b, int64_t e) { cpu::fp8_linear_cols(q, b, e); });
-  }
+  fp8_linear_cpu(dt, xp, m, k, fp8_weight(qweight, scale, bias, special_rows), out.data_ptr());
   return out;
 #endif
 }

@@ -50,4 +50,23 @@ struct Fp8LinearParams {
 // Output features [begin, end) for all m rows (m <= kFp8RowBlock); each weight row is read once.
 KEEL_DECLARE_CPU_KERNEL(fp8_linear_cols, Fp8LinearParams)
 
+// An e4m3 weight as the CPU kernels read it: keel::fp8_linear's qweight, scale, bias and special_rows.
+struct Fp8Weight {
+  const uint8_t* w;  // [n, k]: row r at w + r * w_row
+  int64_t w_row;
+  const float* scale;  // block (r, b) scales by scale[(r / scale_rows) * scale_s0 + b * scale_s1]
+  int64_t scale_rows;
+  int64_t scale_s0;
+  int64_t scale_s1;
+  const uint8_t* row_special = nullptr;  // bool [n] every row_special_stride bytes, or nullptr
+  int64_t row_special_stride = 0;
+  const void* bias;  // [n] in the activations' dtype every bias_stride elements, or nullptr
+  int64_t bias_stride;
+  int64_t n;
+};
+
+// keel::fp8_linear on the CPU after its checks: out [m, n] = x [m, k] @ dequant(w)^T + bias, x contiguous rows and
+// out in dtype dt. The fused layer ops run their FP8 projections through it too (the op's bits).
+void fp8_linear_cpu(DType dt, const void* x, int64_t m, int64_t k, const Fp8Weight& w, void* out);
+
 }  // namespace keel

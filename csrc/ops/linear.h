@@ -29,6 +29,12 @@ struct LinearParams {
 // Output features [begin, end) for all m rows; each weight row is streamed from memory once.
 KEEL_DECLARE_CPU_KERNEL(linear_cols, LinearParams)
 
+// keel::linear on the CPU after its checks: out [m, n] = x [m, k] @ w^T + bias, x contiguous rows and out, bias and
+// w in dtype dt (w row r at w + r * w_row, bias every bias_stride elements or nullptr). The fused layer ops run their
+// projections through it too, so a projection gives the op's bits wherever it runs.
+void linear_cpu(DType dt, const void* x, int64_t m, int64_t k, const void* w, int64_t w_row, int64_t n,
+                const void* bias, int64_t bias_stride, void* out);
+
 // ---- AMX GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -------------------------------------
 // Every bf16 call, whatever its row count (issue 27: one summation order per process). Decode on AMX may be
 // slower than the AVX512-BF16 GEMV was (the old crossover: docs/measurements/2026-12-02-amx-prompt-kernels.md);

@@ -5,6 +5,7 @@
 // slot_mapping: int64 [T], -1 marks a padding token (not written).
 // Kernels: reshape_and_cache_cpu.cpp, reshape_and_cache.cu.
 #include "ops/reshape_and_cache.h"
+#include "ops/layer_common.h"
 
 #include <algorithm>
 #include <utility>
@@ -36,15 +37,18 @@ CacheSide describe(const Tensor& src, const Tensor& cache) {
   return s;
 }
 
+
+}  // namespace
+
 #ifndef KEEL_CUDA_LIBRARY
 // Every slot in [-1, capacity), and no slot twice (two tokens writing one cache row would race
 // between threads; which one wins is not defined). Increasing slots, the usual case, need no sort.
-void check_slots(const ReshapeAndCacheParams& p, int64_t capacity) {
+void check_cache_slots(const char* op, const ReshapeAndCacheParams& p, int64_t capacity) {
   bool increasing = true;
   int64_t last = -1;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slots[t * p.slot_stride];
-    KEEL_CHECK(slot >= -1 && slot < capacity, kOp, ": slot_mapping[", t, "]=", slot, " is outside the cache's ",
+    KEEL_CHECK(slot >= -1 && slot < capacity, op, ": slot_mapping[", t, "]=", slot, " is outside the cache's ",
                capacity, " slots (-1 marks padding)");
     if (slot < 0) continue;
     increasing = increasing && slot > last;
@@ -59,13 +63,11 @@ void check_slots(const ReshapeAndCacheParams& p, int64_t capacity) {
   }
   std::sort(seen.begin(), seen.end());
   for (size_t i = 1; i < seen.size(); ++i) {
-    KEEL_CHECK(seen[i].first != seen[i - 1].first, kOp, ": slot_mapping[", seen[i - 1].second, "] and slot_mapping[",
+    KEEL_CHECK(seen[i].first != seen[i - 1].first, op, ": slot_mapping[", seen[i - 1].second, "] and slot_mapping[",
                seen[i].second, "] are both ", seen[i].first, "; each cache slot may be written by one token only");
   }
 }
 #endif
-
-}  // namespace
 
 void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor key_cache, Tensor value_cache,
                        const Tensor& slot_mapping) {
@@ -120,7 +122,7 @@ void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor key_cache,
   // sync). Duplicate slots are not detected on CUDA (which token's row lands is undefined).
   reshape_and_cache_cuda(p, ctx.stream());
 #else
-  check_slots(p, p.capacity);
+  check_cache_slots(kOp, p, p.capacity);
   parallel_for(p.num_tokens, grain_for(2 * p.kv_heads * p.head_size, 32768),
                [&](int64_t b, int64_t e) { cpu::reshape_and_cache_tokens(p, b, e); });
 #endif

@@ -21,7 +21,12 @@ def block(x, residual, w, positions, cache, wqkv, bias, k_cache, v_cache, slots,
     act = ops.silu_and_mul(torch.cat([q, k], dim=-1))
     y = ops.fused_muladd(act, act, 0.5)
     o8 = ops.fp8_linear(h, w8, w8_scale, None, ops.fp8_special_rows(w8))  # [T, 8], an FP8 projection
-    x2 = x + y.sum(-1, keepdim=True) + k_cache.sum() + v_cache.sum() + o8.sum(-1, keepdim=True)
+    # the layer step: q from the input norm, projection and rotary (cache written again), then the MLP on it
+    q2 = ops.layer_qkv(None, h.clone(), w, 1e-6, (wqkv, None, bias, None), None, None, positions, cache, 4, 2, k_cache,
+                       v_cache, slots)  # fmt: skip
+    half = (wqkv[:, :32], None, None, None)
+    m = ops.layer_mlp(q2.view(-1, 32), h.clone(), half, w, 1e-6, (wqkv, None, bias, None), half)
+    x2 = x + y.sum(-1, keepdim=True) + k_cache.sum() + v_cache.sum() + o8.sum(-1, keepdim=True) + m
     ops.fused_add_rms_norm(x2, residual, w, 1e-6)
     return x2, residual, k_cache, v_cache
 

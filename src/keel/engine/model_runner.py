@@ -68,7 +68,6 @@ class ModelRunner:
             pack_linears(model)
         keel_linears(model)  # whatever is still a plain nn.Linear
         host_memory.rehome([*model.parameters(), *model.buffers()])  # CPU weights as they now are, on huge pages
-        model.flatten()  # forward through one flat function over the layers as they now are (models/llama.py)
         self.block_size = block_size
         self.attention = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self.num_kv_blocks = 0

@@ -1,24 +1,23 @@
-"""The one attention seam of keel's models: write a step's new K/V into the paged cache, then attend every
-new query to its sequence's whole context (cached prefix + new tokens) through the block tables.
+"""The one attention seam of keel's models: every new query attends to its sequence's whole context (cached prefix +
+new tokens) through the block tables of the paged K/V cache.
 
 The engine's model runner builds one `AttnMetadata` per step (varlen layout, flash-attention's argument
-names) and binds each layer's K/V pools into its `PagedAttention`; every layer calls `paged_attention`,
-which hands the block tables to keel's vendored flash-attention kernels
-(`keel.vendored.flash_attn`): no gather copy, no dense mask, GQA and sliding windows in the kernel.
-Block sizes that are not a multiple of 16 (the tests' tiny 4-token blocks) are beyond the paged
-kernels; for those the context rows are gathered into packed K/V for the same varlen kernel."""
+names) and binds each layer's K/V pools into its `PagedAttention`. A layer writes its step's new K/V into the pools
+(keel.ops.layer_qkv, or `paged_attention` for a caller with separate q/k/v), then `attend_cached` hands the block
+tables to keel's vendored flash-attention kernels (`keel.vendored.flash_attn`): no gather copy, no dense mask, GQA
+and sliding windows in the kernel. Block sizes that are not a multiple of 16 (the tests' tiny 4-token blocks) are
+beyond the paged kernels; for those the context rows are gathered into packed K/V for the same varlen kernel."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from keel import _compat, ops
-from keel.vendored.flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+from keel.vendored.flash_attn import flash_attn_varlen_func
 
 
 @dataclass(slots=True)
@@ -68,23 +67,31 @@ def paged_attention(
     window: int | None = None,
 ) -> torch.Tensor:
     """Store the new k/v [T, KV, D] in the caches [num_blocks, block_size, KV, D], then attend q [T, H, D]
-    causally (and within `window` tokens, if set) to each sequence's context; returns [T, H, D].
-    A decode step (one query per sequence) reads the cache through `flash_attn_with_kvcache`; any other
-    step is one `flash_attn_varlen_func` call over the whole batch, cached prefixes included."""
+    causally (and within `window` tokens, if set) to each sequence's context; returns [T, H, D]."""
     ops.reshape_and_cache(k, v, k_cache, v_cache, md.slot_mapping)
+    return attend_cached(q, k_cache, v_cache, md, scale, window)
+
+
+_fwd_kvcache = _compat.op_entry(torch.ops.keel_flash_attn.fwd_kvcache.default)
+
+
+def attend_cached(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    md: AttnMetadata,
+    scale: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Attend q [T, H, D] to each sequence's context, already in the caches (the step's own k/v included);
+    returns [T, H, D]. A decode step (one query per sequence) reads the cache through the kv-cache kernel, called
+    straight through its C++ entry; any other step is one `flash_attn_varlen_func` call over the whole batch."""
     window_size = _window_size(window)
-    if md.is_decode and md.context_slots is None:  # (small test blocks take the gathered varlen path below)
+    if md.max_seqlen_q == 1 and md.context_slots is None:  # (small test blocks take the gathered varlen path below)
         b, h, d = q.shape
-        out = flash_attn_with_kvcache(
-            q.view(b, 1, h, d),
-            k_cache,
-            v_cache,
-            cache_seqlens=md.seqused_k,
-            block_table=md.block_tables,
-            softmax_scale=scale,
-            causal=True,
-            window_size=window_size,
-        )  # [B, 1, H, D]
+        s = 1.0 / math.sqrt(d) if scale is None else float(scale)  # (flash_attn's default scale)
+        out = _fwd_kvcache(q.view(b, 1, h, d), k_cache, v_cache, md.seqused_k, md.block_tables, s, True, *window_size,
+                           0.0, 0)  # fmt: skip
         return out.view(b, h, d)
     if md.context_slots is not None:  # small test blocks: the same kernel over packed (gathered) K/V rows
         kvh, d = k_cache.shape[2:]
@@ -111,7 +118,8 @@ def paged_attention(
 class PagedAttention(nn.Module):
     """A layer's attention over its paged K/V pools [num_blocks, block_size, kv_heads, head_dim].
 
-    The pools are plain attributes, empty until the model runner binds the tensors it owns (and grows)."""
+    The pools are plain attributes, empty until the model runner binds the tensors it owns (and grows); the layer
+    writes its new keys and values into them first (keel.ops.layer_qkv), then calls this."""
 
     def __init__(self, scale: float | None = None, window: int | None = None) -> None:
         super().__init__()
@@ -119,32 +127,6 @@ class PagedAttention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> torch.Tensor:
-        """q [T, H, D], new k/v [T, KV, D] -> [T, H, D]."""
-        return paged_attention(q, k, v, self.k_cache, self.v_cache, md, scale=self.scale, window=self.window)
-
-
-def decode_attention_fn(
-    attn: PagedAttention,
-) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttnMetadata], torch.Tensor]:
-    """`attn`'s forward as a plain function for a model's flat forward (keel.models.llama.flat_forward): the same
-    ops with the same arguments as `paged_attention`, a decode step's two op calls made straight through their
-    C++ entries (the cache write, then the kernel `flash_attn_with_kvcache` calls, its options fixed once here).
-    The K/V pools are read from `attn` at every call (the model runner grows them)."""
-    cache_write = _compat.op_entry(torch.ops.keel.reshape_and_cache.default)
-    fwd_kvcache = _compat.op_entry(torch.ops.keel_flash_attn.fwd_kvcache.default)
-    scale, window = attn.scale, attn.window
-    left, right = _window_size(window)
-
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> torch.Tensor:
-        k_cache, v_cache = attn.k_cache, attn.v_cache
-        if md.max_seqlen_q != 1 or md.context_slots is not None or q.stride(-1) != 1:
-            return paged_attention(q, k, v, k_cache, v_cache, md, scale=scale, window=window)
-        cache_write(k, v, k_cache, v_cache, md.slot_mapping)
-        b, h, d = q.shape
-        s = 1.0 / math.sqrt(d) if scale is None else float(scale)  # (flash_attn's default scale)
-        out = fwd_kvcache(q.view(b, 1, h, d), k_cache, v_cache, md.seqused_k, md.block_tables, s, True, left, right,
-                          0.0, 0)  # fmt: skip
-        return out.view(b, h, d)
-
-    return attend
+    def forward(self, q: torch.Tensor, md: AttnMetadata) -> torch.Tensor:
+        """q [T, H, D] -> [T, H, D]."""
+        return attend_cached(q, self.k_cache, self.v_cache, md, self.scale, self.window)

@@ -10,13 +10,15 @@ table (a tied lm_head gets its own FP8 copy)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from keel import ops
+from keel.layers import generation
 from keel.layers.linear import KeelLinear
+from keel.ops.layer import Weights
 
 QUANTIZATIONS = ("none", "fp8")
 # DeepGEMM's scale recipes (m, n, k): (1, 128, 128) = 128x128 weight blocks (DeepSeek-V3's);
@@ -91,19 +93,16 @@ class Fp8Linear(nn.Module):
         super()._load_from_state_dict(*args, **kwargs)
         self.special_rows = self._find_special_rows(self.qweight)  # new bytes: their special rows again
 
-    def step_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """`forward` as a plain function for a model's flat forward: on the CPU, `keel.ops.fp8_linear` (looked up
-        at each call, as in forward) with the FP8 weight captured; elsewhere the bound `forward`."""
+    def op_weights(self) -> Weights | None:
+        """The weights the fused layer ops take for this projection (keel.ops.layer): keel::fp8_linear's on the CPU;
+        None elsewhere (CUDA runs this module's forward, the vendored FP8 GEMM)."""
         if self.qweight.device.type != "cpu":
-            return self.forward
-        qweight, scale, bias, special = self.qweight, self.weight_scale, self.bias, self.special_rows
+            return None
+        return (self.qweight, self.weight_scale, self.bias, self.special_rows)
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            if x.device.type != "cpu":  # (forward's own refusal: the kernel names the device mismatch)
-                return self.forward(x)
-            return ops.fp8_linear(x, qweight, scale, bias, special)
-
-        return run
+    def _apply(self, *args: Any, **kwargs: Any) -> Any:
+        generation.bump()  # new buffers, not registered: layers rebind them
+        return super()._apply(*args, **kwargs)
 
     def extra_repr(self) -> str:
         block = f"{self.recipe[1]}x{self.recipe[2]}"

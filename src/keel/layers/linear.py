@@ -8,12 +8,11 @@ is the oneDNN version's of the torch installed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
 from keel import _compat, ops
+from keel.ops.layer import Projection, Weights
 
 
 class KeelLinear(nn.Module):
@@ -27,15 +26,22 @@ class KeelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.bias)
 
-    def step_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """`forward` as a plain function with the weight captured (for a model's flat forward: no
-        nn.Module attribute lookups per call); `keel.ops.linear` is looked up at each call, as in forward."""
-        weight, bias = self.weight, self.bias
+    def op_weights(self) -> Weights:
+        """The weights the fused layer ops take for this projection (keel.ops.layer): keel::linear's."""
+        return (self.weight, None, self.bias, None)
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            return ops.linear(x, weight, bias)
 
-        return run
+def projection(module: nn.Module) -> Projection:
+    """A projection module as the fused layer ops take it (keel.ops.layer): its `op_weights()` (keel's linear, or
+    FP8 on the CPU), a plain nn.Linear's weight and bias, else the module itself, called as a function (oneDNN's
+    prepacked linear, FP8 on CUDA, any other module): the ops then run as keel's separate ops around it."""
+    op_weights = getattr(module, "op_weights", None)
+    weights = op_weights() if callable(op_weights) else None
+    if weights is not None:
+        return weights
+    if type(module) is nn.Linear:
+        return (module.weight, None, module.bias, None)
+    return module
 
 
 def keel_linears(model: nn.Module) -> int:
@@ -70,17 +76,6 @@ class PackedLinear(nn.Module):
         if x.numel() <= self.gemv_rows * self.in_features:  # rows of x <= gemv_rows
             return ops.linear(x, self.weight, self.bias)
         return _compat.mkldnn_linear(x, self.packed, self.weight, self.bias)
-
-    def step_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """`forward` as a plain function (the same two paths), for a model's flat forward."""
-        weight, bias, packed, gemv_numel = self.weight, self.bias, self.packed, self.gemv_rows * self.in_features
-
-        def run(x: torch.Tensor) -> torch.Tensor:
-            if x.numel() <= gemv_numel:
-                return ops.linear(x, weight, bias)
-            return _compat.mkldnn_linear(x, packed, weight, bias)
-
-        return run
 
 
 def can_pack(weight: torch.Tensor) -> bool:

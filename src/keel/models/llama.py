@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from keel import _compat, ops
+from keel import ops
 from keel.hf.config import ModelConfig
 from keel.hf.weights import WeightsError
-from keel.layers.attention import AttnMetadata, PagedAttention, decode_attention_fn
+from keel.layers import generation
+from keel.layers.attention import AttnMetadata, PagedAttention
+from keel.layers.linear import projection
 from keel.layers.norm import RMSNorm
 from keel.layers.rotary import RotaryEmbedding
+from keel.ops.layer import Projection
 
 
 class Attention(nn.Module):
-    """GQA attention: fused qkv projection, rotary (shared by every layer), then the paged attention seam."""
+    """GQA attention's parts: the fused qkv projection, q/k norms (Qwen3), the shared rotary table, the paged
+    attention seam (this layer's K/V pools) and the o projection. The step runs in DecoderLayer.forward."""
 
     def __init__(self, cfg: ModelConfig, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
@@ -26,7 +32,6 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.heads = [self.num_heads, self.num_kv_heads, self.num_kv_heads]  # qkv's split along its head dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.qk_norm = cfg.qk_norm
@@ -36,33 +41,40 @@ class Attention(nn.Module):
         self.rotary_emb = rotary_emb
         self.attn = PagedAttention(window=cfg.sliding_window)  # holds this layer's K/V pools
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
-        t = x.shape[0]
-        qkv = self.qkv_proj(x).view(t, -1, self.head_dim)  # [T, H + 2 KV, D]
-        # head-major views of the one projection: the ops below take strided [T, heads, D] rows (split_with_sizes:
-        # Tensor.split is a Python wrapper that costs more, docs/measurements/2026-12-02-decode-overhead.md)
-        q, k, v = qkv.split_with_sizes(self.heads, 1)
-        if self.qk_norm:  # rms_norm returns contiguous copies: the rotary then rotates those
-            q, k = self.q_norm(q), self.k_norm(k)
-        self.rotary_emb(positions, q, k)  # in place
-        out = self.attn(q, k, v, ctx)  # [T, H, D], contiguous
-        return self.o_proj(out.view(t, self.q_size))
-
 
 class MLP(nn.Module):
-    """SwiGLU: fused gate/up projection, `silu_and_mul`, down projection."""
+    """SwiGLU's parts: the fused gate/up projection and the down projection."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+@dataclass(slots=True)
+class _Bound:
+    """A layer's step arguments, looked up once (see keel.layers.generation)."""
+
+    generation: int
+    norm: torch.Tensor
+    eps: float
+    qkv: Projection
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    rope: RotaryEmbedding  # its table is read at each step (built after loading)
+    heads: int
+    kv_heads: int
+    attn: PagedAttention  # its pools are read at each step (the runner grows them)
+    o: Projection
+    post_norm: torch.Tensor
+    post_eps: float
+    gate_up: Projection
+    down: Projection
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block; the residual stream travels beside the hidden state (vLLM pattern)."""
+    """Pre-norm block; the residual stream travels beside the hidden state (vLLM pattern). Its step is two fused ops
+    around the attention (keel.ops.layer): one definition for prompts, chunks, decode steps and batches."""
 
     def __init__(self, cfg: ModelConfig, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
@@ -70,17 +82,40 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self._bound: _Bound | None = None
 
     def forward(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None, ctx: AttnMetadata
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)  # embedding output is a fresh tensor
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, ctx)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        self, positions: torch.Tensor, x: torch.Tensor | None, residual: torch.Tensor, ctx: AttnMetadata
+    ) -> torch.Tensor:
+        """x [T, H]: the previous layer's output (None in the first layer, whose residual is the embedding);
+        residual [T, H] is updated in place. Returns this layer's output."""
+        b = self._bound
+        if b is None or b.generation != generation.current():
+            b = self._bind()
+        attn = b.attn
+        q = ops.layer_qkv(x, residual, b.norm, b.eps, b.qkv, b.q_norm, b.k_norm, positions, b.rope.cos_sin_cache,
+                          b.heads, b.kv_heads, attn.k_cache, attn.v_cache, ctx.slot_mapping)  # fmt: skip
+        out = attn.forward(q, ctx)  # [T, heads, D]
+        return ops.layer_mlp(out.view(out.shape[0], -1), residual, b.o, b.post_norm, b.post_eps, b.gate_up, b.down)
+
+    def _bind(self) -> _Bound:
+        a, mlp = self.self_attn, self.mlp
+        norm, post = self.input_layernorm, self.post_attention_layernorm
+        assert isinstance(a, Attention) and isinstance(mlp, MLP)
+        assert isinstance(norm, RMSNorm) and isinstance(post, RMSNorm)
+        q_norm = a.q_norm.weight if a.qk_norm else None
+        k_norm = a.k_norm.weight if a.qk_norm else None
+        self._bound = _Bound(
+            generation=generation.current(), norm=norm.weight, eps=norm.eps, qkv=projection(a.qkv_proj),
+            q_norm=q_norm, k_norm=k_norm, rope=a.rotary_emb, heads=a.num_heads, kv_heads=a.num_kv_heads, attn=a.attn,
+            o=projection(a.o_proj), post_norm=post.weight, post_eps=post.eps, gate_up=projection(mlp.gate_up_proj),
+            down=projection(mlp.down_proj),
+        )  # fmt: skip
+        return self._bound
+
+    def _apply(self, *args: Any, **kwargs: Any) -> Any:
+        generation.bump()  # parameters may be replaced, not registered: bind them again
+        return super()._apply(*args, **kwargs)
 
 
 class LlamaModel(nn.Module):
@@ -90,86 +125,16 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
         self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary_emb) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.flat: Callable[[torch.Tensor, torch.Tensor, AttnMetadata], torch.Tensor] | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
-        if self.flat is not None:
-            return self.flat(input_ids, positions, ctx)
-        hidden = self.embed_tokens(input_ids)  # [T, H]
-        residual = None
+        residual = self.embed_tokens(input_ids)  # [T, H]
+        x = None
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, ctx)
-        hidden, _ = self.norm(hidden, residual)
+            x = layer(positions, x, residual, ctx)
+        if x is None:
+            return self.norm(residual)
+        hidden, _ = self.norm(x, residual)
         return hidden
-
-
-def projection_fn(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A projection as a plain function of x: the layer's own `step_fn()` (keel's linear policies: its weight
-    tensors captured, no attribute lookups per call), else the module itself (any other nn.Module, hooks and all)."""
-    step_fn = getattr(module, "step_fn", None)
-    return step_fn() if callable(step_fn) else module
-
-
-def flat_forward(model: LlamaModel) -> Callable[[torch.Tensor, torch.Tensor, AttnMetadata], torch.Tensor]:
-    """`model.forward` as one function over flat per-layer tuples: the same ops on the same tensors in the same
-    order (the same bits: tests/models), without the ~11 nn.Module.__call__ and ~20 nn.Module.__getattr__ a layer
-    costs per step (about 1 us each; docs/measurements/2026-12-02-decode-step.md). The ops are called through
-    their C++ entries (keel._compat.op_entry); the projections through their layers' `step_fn`.
-
-    What it captures is the model as it is now: weights (updated in place by load_weights, as they are), the
-    projection layers and the attention layers (their K/V pools and the rotary table are read at every call,
-    so growing the pools or rebuilding the table is seen). Swapping a submodule afterwards needs a new call,
-    and hooks on the submodules are not run (the model runner builds it once, after its policies:
-    `LlamaForCausalLM.flatten`)."""
-    embedding = torch.nn.functional.embedding
-    rms_norm = _compat.op_entry(torch.ops.keel.rms_norm.default)
-    add_rms_norm = _compat.op_entry(torch.ops.keel.fused_add_rms_norm.default)
-    rotary = _compat.op_entry(torch.ops.keel.rotary_embedding.default)
-    silu_and_mul = _compat.op_entry(torch.ops.keel.silu_and_mul.default)
-    embed_w, rope, final = model.embed_tokens.weight, model.rotary_emb, model.norm
-    layers = []
-    for layer in model.layers:
-        a: Attention = layer.self_attn  # type: ignore[assignment]
-        mlp: MLP = layer.mlp  # type: ignore[assignment]
-        in_norm: RMSNorm = layer.input_layernorm  # type: ignore[assignment]
-        post_norm: RMSNorm = layer.post_attention_layernorm  # type: ignore[assignment]
-        qk = (a.q_norm.weight, a.q_norm.eps, a.k_norm.weight, a.k_norm.eps) if a.qk_norm else None
-        layers.append(
-            (
-                (in_norm.weight, in_norm.eps),
-                (post_norm.weight, post_norm.eps),
-                projection_fn(a.qkv_proj),
-                projection_fn(a.o_proj),
-                projection_fn(mlp.gate_up_proj),
-                projection_fn(mlp.down_proj),
-                decode_attention_fn(a.attn),
-                qk,
-                a.head_dim,
-                a.heads,
-                a.q_size,
-            )
-        )
-    norms = [norm for norm, *_ in layers[1:]] + [(final.weight, final.eps)]  # after layer i: layer i + 1's input
-
-    def forward(input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttnMetadata) -> torch.Tensor:
-        t = input_ids.shape[0]
-        residual = embedding(input_ids, embed_w)  # [T, H]
-        cos_sin = rope.cos_sin_cache
-        hidden = rms_norm(residual, *layers[0][0]) if layers else residual
-        for (_, post, qkv_proj, o_proj, gate_up, down, attend, qk, d, heads, q_size), after in zip(
-            layers, norms, strict=True
-        ):
-            q, k, v = qkv_proj(hidden).view(t, -1, d).split_with_sizes(heads, 1)
-            if qk is not None:
-                q, k = rms_norm(q, qk[0], qk[1]), rms_norm(k, qk[2], qk[3])
-            rotary(positions, q, k, d, cos_sin, True)
-            hidden = o_proj(attend(q, k, v, ctx).view(t, q_size))
-            add_rms_norm(hidden, residual, *post)
-            hidden = down(silu_and_mul(gate_up(hidden)))
-            add_rms_norm(hidden, residual, *after)
-        return hidden
-
-    return forward
 
 
 # checkpoint projection -> (fused keel parameter, shard index); shards are stacked along dim 0
@@ -198,11 +163,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, V]
-
-    def flatten(self, enable: bool = True) -> None:
-        """Run `forward` through `flat_forward` (built now, from the model as it is: call it again after swapping
-        a submodule), or, with enable=False, through the submodules' own forwards again."""
-        self.model.flat = flat_forward(self.model) if enable else None
 
     def init_rope(self) -> None:
         """Build the shared cos/sin table on the model's device and dtype (after loading)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from keel.ops.activation import silu_and_mul
 from keel.ops.cache import reshape_and_cache
 from keel.ops.elementwise import fused_muladd
+from keel.ops.layer import layer_mlp, layer_qkv
 from keel.ops.linear import fp8_linear, fp8_special_rows, linear
 from keel.ops.norm import fused_add_rms_norm, rms_norm
 from keel.ops.rotary import rotary_embedding
@@ -18,6 +19,8 @@ __all__ = [
     "fused_muladd",
     "fp8_linear",
     "fp8_special_rows",
+    "layer_mlp",
+    "layer_qkv",
     "linear",
     "reshape_and_cache",
     "rms_norm",

@@ -86,6 +86,39 @@ def fp8_special_rows(rng: random.Random, device: str, dtype: torch.dtype) -> lis
     return [(torch.randn(n, k) * 8).to(torch.float8_e4m3fn).to(device)]
 
 
+def _projection(rng: random.Random, n: int, k: int, device: str, dtype: torch.dtype) -> list[Any]:
+    """A projection's four arguments: a float weight (+ bias), or an e4m3 one with scales (+ special rows)."""
+    bias = t((n,), device, dtype) if rng.random() < 0.5 else None
+    if rng.random() < 0.5:
+        return [t((n, k), device, dtype), None, bias, None]
+    qweight = (torch.randn(n, k) * 8).to(torch.float8_e4m3fn)
+    special = torch.ops.keel.fp8_special_rows(qweight).to(device) if rng.random() < 0.5 else None
+    return [qweight.to(device), (torch.rand(n, (k + 127) // 128) + 0.5).to(device), bias, special]
+
+
+def layer_qkv(rng: random.Random, device: str, dtype: torch.dtype) -> list[Any]:
+    n, hidden, heads, kv, d, blocks, bs = rng.choice((1, 3)), rng.choice((8, 32)), 2, 1, 8, 2, 4
+    slots = torch.tensor(rng.sample(range(-1, blocks * bs), n)).to(device)
+    x = t((n, hidden), device, dtype) if rng.random() < 0.5 else None
+    norms = [t((d,), device, dtype), t((d,), device, dtype)] if rng.random() < 0.5 else [None, None]
+    return [
+        x, t((n, hidden), device, dtype), t((hidden,), device, dtype), 1e-5,
+        *_projection(rng, (heads + 2 * kv) * d, hidden, device, dtype), *norms,
+        torch.randint(0, 16, (n,)).to(device), _cos_sin(16, d, device, torch.float32), heads, kv,
+        torch.zeros(blocks, bs, kv, d, dtype=dtype, device=device),
+        torch.zeros(blocks, bs, kv, d, dtype=dtype, device=device), slots,
+    ]  # fmt: skip
+
+
+def layer_mlp(rng: random.Random, device: str, dtype: torch.dtype) -> list[Any]:
+    n, k, hidden, inter = rng.choice((1, 3)), rng.choice((8, 16)), rng.choice((8, 32)), rng.choice((4, 12))
+    return [
+        t((n, k), device, dtype), t((n, hidden), device, dtype), *_projection(rng, hidden, k, device, dtype),
+        t((hidden,), device, dtype), 1e-6, *_projection(rng, 2 * inter, hidden, device, dtype),
+        *_projection(rng, hidden, inter, device, dtype),
+    ]  # fmt: skip
+
+
 EXAMPLES: dict[str, Example] = {
     f"keel::{fn.__name__}": fn
     for fn in (
@@ -98,6 +131,8 @@ EXAMPLES: dict[str, Example] = {
         linear,
         fp8_linear,
         fp8_special_rows,
+        layer_qkv,
+        layer_mlp,
     )
 }
 
