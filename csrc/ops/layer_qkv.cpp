@@ -218,7 +218,8 @@ void copy_q(const QkvShape& s, const char* qkv_rows, Tensor& q, layer::Scratch& 
 #ifdef KEEL_CUDA_LIBRARY
   (void)qkv_rows;
   Tensor dst = torch::stable::view(q, {s.t, s.heads * s.d});
-  torch::stable::copy_(dst, torch::stable::narrow(scratch.tensor(1), 1, 0, s.heads * s.d));
+  Tensor qkv = scratch.tensor(1);
+  torch::stable::copy_(dst, torch::stable::narrow(qkv, 1, 0, s.heads * s.d));
 #else
   (void)scratch;
   const int64_t es = layer::element_size(s.dt);
