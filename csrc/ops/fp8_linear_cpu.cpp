@@ -12,10 +12,11 @@
 // (FMA, j in order), then total += acc * (scale * 2^8); at the end the W lanes of total are summed in a
 // fixed tree, the bias added, and the sum rounded once to the output dtype. W is the vector width of the
 // build (16 with AVX-512, 8 otherwise), so results depend on the ISA but never on how rows are split
-// among threads or passes, nor on the call's row count or its other rows (issue 27; the AVX512-BF16 path's
-// choice between its bf16 copy of a row and the exact fp32 path is made per row).
+// among threads or passes, nor on the call's row count or its other rows (the AVX512-BF16 path's choice between its
+// bf16 copy of a row and the exact fp32 path is made per row).
 //   AVX-512 (AVX512F/BW/VL, checked at run time, in the AVX2 build): 32 weights per 256-bit load.
-//   AVX2 build: the same decode on 16 weights (F16C); baseline build: a 256-entry table.
+//   AVX2 build: the same decode on 16 weights (F16C), four weight rows per pass in decode, eight rows of x per
+//   decoded block in prompts; baseline build: a 256-entry table.
 #include <cstring>
 
 #include "ops/fp8_linear.h"
@@ -135,6 +136,187 @@ void cols_portable(const Fp8LinearParams& p, int64_t begin, int64_t end) {
     for (int64_t i = 0; i < p.m; ++i) store_any(p, i, r, hsum8(total[i]), nan);
   }
 }
+
+// ---- AVX2: several chains side by side -------------------------------------------------------------------------
+// One row of x against one weight row is a chain of 16 dependent FMAs per block, bound by the FMA's latency, not by
+// the bytes. These kernels compute every output in the order of the file's header with explicit instructions
+// (acc = x[0:8] * w[0:8] rounded, then 15 FMAs in order, total = fma(acc, s, total), hsum8, bias, one rounding), and
+// run more chains at once: decode (one row of x) takes kAvx2DecodeRows weight rows per pass, each x vector loaded
+// once for all of them; prompts decode a weight block once into a buffer and take 8 rows of x per pass. Every row
+// count takes these kernels in the AVX2 build (cols_portable's vector-extension code leaves the choice of which
+// product to fuse to the compiler), so a row's bits never depend on its call.
+
+#if defined(__AVX2__)
+constexpr int kAvx2DecodeRows = 4;
+constexpr int kAvx2PromptRows = 8;
+
+KEEL_KINLINE __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
+
+// 16 e4m3 bytes -> two vectors of value * 2^-8 (decode16's arithmetic, without its NaN test)
+KEEL_KINLINE void decode16_nonan(const uint8_t* p, __m256& lo, __m256& hi) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i h =
+      _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+// Lanes set where a byte of the 32 at p is a NaN (S.1111.111)
+KEEL_KINLINE __m256i nan_bytes32(const uint8_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_cmpeq_epi8(_mm256_or_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80))), _mm256_set1_epi8(-1));
+}
+
+KEEL_KINLINE float hsum8_m256(__m256 v) {
+  f32x8 u;
+  std::memcpy(&u, &v, sizeof(u));
+  return hsum8(u);
+}
+
+// One 128-byte block of R weight rows (bytes at src[j]) against x's block xp, into the rows' totals; kScan: their NaN
+// bytes into nan[j].
+template <bool kScan, int R>
+KEEL_KINLINE void block_m1_avx2(const uint8_t* const* src, const float* xp, const float* scale, __m256* total,
+                                __m256i* nan) {
+  __m256 acc[R];
+#pragma GCC unroll 4
+  for (int j = 0; j < R; ++j) {
+    _mm_prefetch(reinterpret_cast<const char*>(src[j] + kFarPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(src[j] + kFarPrefetchBytes + 64), _MM_HINT_T0);
+    if (kScan) {
+      const __m256i n = _mm256_or_si256(_mm256_or_si256(nan_bytes32(src[j]), nan_bytes32(src[j] + 32)),
+                                        _mm256_or_si256(nan_bytes32(src[j] + 64), nan_bytes32(src[j] + 96)));
+      nan[j] = _mm256_or_si256(nan[j], n);
+    }
+  }
+#pragma GCC unroll 8
+  for (int s = 0; s < kFp8BlockK / 16; ++s) {
+    const __m256 x0 = ld8(xp + 16 * s);
+    const __m256 x1 = ld8(xp + 16 * s + 8);
+#pragma GCC unroll 4
+    for (int j = 0; j < R; ++j) {
+      __m256 w0, w1;
+      decode16_nonan(src[j] + 16 * s, w0, w1);
+      acc[j] = s == 0 ? _mm256_mul_ps(x0, w0) : _mm256_fmadd_ps(x0, w0, acc[j]);
+      acc[j] = _mm256_fmadd_ps(x1, w1, acc[j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < R; ++j) total[j] = _mm256_fmadd_ps(acc[j], _mm256_set1_ps(scale[j]), total[j]);
+}
+
+// Decode: weight rows [r0, r0 + R) against the one row of x (a partial last block from zero-padded copies). A row with
+// a NaN byte gives NaN: kScan finds them here; without it the caller's row_special marks them (and rows with
+// subnormal bytes, which the decode takes exactly), and a marked row is computed again with the scan.
+template <bool kScan, int R>
+void rows_avx2_m1(const Fp8LinearParams& p, int64_t r0) {
+  const int64_t nb = p.kp / kFp8BlockK;
+  const int64_t full = p.k / kFp8BlockK;
+  const uint8_t* row[R];
+  const float* srow[R];
+  __m256 total[R];
+  __m256i nan[R];
+#pragma GCC unroll 4
+  for (int j = 0; j < R; ++j) {
+    row[j] = p.w + (r0 + j) * p.w_row;
+    srow[j] = p.scale + ((r0 + j) / p.scale_rows) * p.scale_s0;
+    total[j] = _mm256_setzero_ps();
+    nan[j] = _mm256_setzero_si256();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* src[R];
+    float scale[R];
+    alignas(64) uint8_t pad[R][kFp8BlockK];
+#pragma GCC unroll 4
+    for (int j = 0; j < R; ++j) {
+      src[j] = row[j] + b * kFp8BlockK;
+      scale[j] = block_scale(p, srow[j], b);
+      if (b == full) {  // the partial last block
+        std::memset(pad[j], 0, kFp8BlockK);
+        std::memcpy(pad[j], src[j], static_cast<size_t>(p.k - b * kFp8BlockK));
+        src[j] = pad[j];
+      }
+    }
+    block_m1_avx2<kScan, R>(src, p.x + b * kFp8BlockK, scale, total, nan);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < R; ++j) {
+    if (!kScan && p.row_special[(r0 + j) * p.row_special_stride] != 0) {
+      rows_avx2_m1<true, 1>(p, r0 + j);  // the same sums, with the NaN test
+    } else {
+      store_any(p, 0, r0 + j, hsum8_m256(total[j]), kScan && !_mm256_testz_si256(nan[j], nan[j]));
+    }
+  }
+}
+
+// G rows of x (from x0) against one decoded block (wbuf: 16 vectors), into their totals.
+template <int G>
+KEEL_KINLINE void block_rows_avx2(const Fp8LinearParams& p, const float* wbuf, int64_t b, int64_t x0, __m256 sv,
+                                  __m256* total) {
+  __m256 acc[G];
+  const float* xp = p.x + x0 * p.kp + b * kFp8BlockK;
+#pragma GCC unroll 16
+  for (int s = 0; s < kFp8BlockK / 8; ++s) {
+    const __m256 w = _mm256_load_ps(wbuf + 8 * s);
+#pragma GCC unroll 8
+    for (int i = 0; i < G; ++i) {
+      const __m256 x = ld8(xp + i * p.kp + 8 * s);
+      acc[i] = s == 0 ? _mm256_mul_ps(x, w) : _mm256_fmadd_ps(x, w, acc[i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < G; ++i) total[x0 + i] = _mm256_fmadd_ps(acc[i], sv, total[x0 + i]);
+}
+
+// Prompts (several rows of x): each weight block decoded once (with cols_portable's NaN test and zero-padded
+// partial block), then the rows of x kAvx2PromptRows at a time.
+void cols_avx2_rows(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  const int64_t nb = p.kp / kFp8BlockK;
+  alignas(32) float wbuf[kFp8BlockK];
+  alignas(64) uint8_t pad[kFp8BlockK];
+  __m256 total[kFp8RowBlock];
+  for (int64_t r = begin; r < end; ++r) {
+    const uint8_t* wrow = p.w + r * p.w_row;
+    const float* srow = p.scale + (r / p.scale_rows) * p.scale_s0;
+    bool nan = false;
+    for (int64_t i = 0; i < p.m; ++i) total[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* src = wrow + b * kFp8BlockK;
+      const int64_t left = p.k - b * kFp8BlockK;
+      if (left < kFp8BlockK) {  // the partial last block, from a zero-padded copy
+        std::memset(pad, 0, sizeof(pad));
+        std::memcpy(pad, src, static_cast<size_t>(left));
+        src = pad;
+      }
+      f32x8 w[2];
+      for (int j = 0; j < kFp8BlockK / 8; j += 2) {
+        nan |= decode16(src + 8 * j, w);
+        std::memcpy(wbuf + 8 * j, w, sizeof(w));
+      }
+      const __m256 sv = _mm256_set1_ps(block_scale(p, srow, b));
+      int64_t i = 0;
+      for (; i + kAvx2PromptRows <= p.m; i += kAvx2PromptRows) block_rows_avx2<kAvx2PromptRows>(p, wbuf, b, i, sv, total);
+      for (; i + 4 <= p.m; i += 4) block_rows_avx2<4>(p, wbuf, b, i, sv, total);
+      for (; i + 2 <= p.m; i += 2) block_rows_avx2<2>(p, wbuf, b, i, sv, total);
+      if (i < p.m) block_rows_avx2<1>(p, wbuf, b, i, sv, total);
+    }
+    for (int64_t i = 0; i < p.m; ++i) store_any(p, i, r, hsum8_m256(total[i]), nan);
+  }
+}
+
+void cols_avx2(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  if (p.m != 1) return cols_avx2_rows(p, begin, end);
+  int64_t r = begin;
+  for (; r + kAvx2DecodeRows <= end; r += kAvx2DecodeRows) {
+    if (p.row_special != nullptr) {
+      rows_avx2_m1<false, kAvx2DecodeRows>(p, r);
+    } else {
+      rows_avx2_m1<true, kAvx2DecodeRows>(p, r);
+    }
+  }
+  for (; r < end; ++r) rows_avx2_m1<true, 1>(p, r);
+}
+#endif  // __AVX2__
 
 // ---- AVX-512 ------------------------------------------------------------------------------------------
 
@@ -514,6 +696,7 @@ void fp8_linear_cols(const Fp8LinearParams& p, int64_t begin, int64_t end) {
 #if defined(__AVX2__)
   if (p.x16 != nullptr) return cols_bf16(p, begin, end);  // the wrapper chose AVX512-BF16
   if (cpu_has_avx512()) return cols_avx512(p, begin, end);
+  return cols_avx2(p, begin, end);
 #endif
   cols_portable(p, begin, end);
 }
