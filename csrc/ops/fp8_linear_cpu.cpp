@@ -140,7 +140,8 @@ void cols_portable(const Fp8LinearParams& p, int64_t begin, int64_t end) {
 // ---- AVX2: several chains side by side -------------------------------------------------------------------------
 // One row of x against one weight row is a chain of 16 dependent FMAs per block, bound by the FMA's latency, not by
 // the bytes. These kernels compute every output in the order of the file's header with explicit instructions
-// (acc = x[0:8] * w[0:8] rounded, then 15 FMAs in order, total = fma(acc, s, total), hsum8, bias, one rounding), and
+// (per block: acc = x[0:8] * w[0:8] rounded, then an FMA for each further 8 columns in order, over the 16-column steps
+// that hold a column < k (the last one zero-padded past k); total = fma(acc, s, total); hsum8, bias, one rounding), and
 // run more chains at once: decode (one row of x) takes kAvx2DecodeRows weight rows per pass, each x vector loaded
 // once for all of them; prompts decode a weight block once into a buffer and take 8 rows of x per pass. Every row
 // count takes these kernels in the AVX2 build (cols_portable's vector-extension code leaves the choice of which
@@ -149,6 +150,7 @@ void cols_portable(const Fp8LinearParams& p, int64_t begin, int64_t end) {
 #if defined(__AVX2__)
 constexpr int kAvx2DecodeRows = 4;
 constexpr int kAvx2PromptRows = 8;
+constexpr int kSteps = kFp8BlockK / 16;  // 16-weight steps of a block
 
 KEEL_KINLINE __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
 
@@ -161,10 +163,10 @@ KEEL_KINLINE void decode16_nonan(const uint8_t* p, __m256& lo, __m256& hi) {
   hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
-// Lanes set where a byte of the 32 at p is a NaN (S.1111.111)
-KEEL_KINLINE __m256i nan_bytes32(const uint8_t* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm256_cmpeq_epi8(_mm256_or_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80))), _mm256_set1_epi8(-1));
+// Lanes set where a byte of the 16 at p is a NaN (S.1111.111)
+KEEL_KINLINE __m128i nan_bytes16(const uint8_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm_cmpeq_epi8(_mm_or_si128(raw, _mm_set1_epi8(static_cast<char>(0x80))), _mm_set1_epi8(-1));
 }
 
 KEEL_KINLINE float hsum8_m256(__m256 v) {
@@ -173,28 +175,36 @@ KEEL_KINLINE float hsum8_m256(__m256 v) {
   return hsum8(u);
 }
 
-// One 128-byte block of R weight rows (bytes at src[j]) against x's block xp, into the rows' totals; kScan: their NaN
-// bytes into nan[j].
-template <bool kScan, int R>
-KEEL_KINLINE void block_m1_avx2(const uint8_t* const* src, const float* xp, const float* scale, __m256* total,
-                                __m256i* nan) {
+// Whether the k bytes of a weight row hold a NaN (a row marked in row_special: NaN or subnormal bytes).
+bool row_has_nan(const uint8_t* row, int64_t k) {
+  __m128i nan = _mm_setzero_si128();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) nan = _mm_or_si128(nan, nan_bytes16(row + i));
+  for (; i < k; ++i) {
+    if ((row[i] & 0x7F) == 0x7F) return true;
+  }
+  return !_mm_testz_si128(nan, nan);
+}
+
+// The 16-weight steps [0, steps) of a block of R weight rows (bytes at src[j]) against x's block xp, into the rows'
+// totals; kScan: their NaN bytes into nan[j]. kFull: all kSteps (unrolled).
+template <bool kScan, bool kFull, int R>
+KEEL_KINLINE void block_m1_avx2(const uint8_t* const* src, const float* xp, const float* scale, int steps,
+                                __m256* total, __m128i* nan) {
+  if (kFull) steps = kSteps;
   __m256 acc[R];
 #pragma GCC unroll 4
   for (int j = 0; j < R; ++j) {
-    _mm_prefetch(reinterpret_cast<const char*>(src[j] + kFarPrefetchBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(src[j] + kFarPrefetchBytes + 64), _MM_HINT_T0);
-    if (kScan) {
-      const __m256i n = _mm256_or_si256(_mm256_or_si256(nan_bytes32(src[j]), nan_bytes32(src[j] + 32)),
-                                        _mm256_or_si256(nan_bytes32(src[j] + 64), nan_bytes32(src[j] + 96)));
-      nan[j] = _mm256_or_si256(nan[j], n);
-    }
+    _mm_prefetch(reinterpret_cast<const char*>(src[j] + kFarPrefetchBytes), _MM_HINT_T2);
+    _mm_prefetch(reinterpret_cast<const char*>(src[j] + kFarPrefetchBytes + 64), _MM_HINT_T2);
   }
 #pragma GCC unroll 8
-  for (int s = 0; s < kFp8BlockK / 16; ++s) {
+  for (int s = 0; s < steps; ++s) {
     const __m256 x0 = ld8(xp + 16 * s);
     const __m256 x1 = ld8(xp + 16 * s + 8);
 #pragma GCC unroll 4
     for (int j = 0; j < R; ++j) {
+      if (kScan) nan[j] = _mm_or_si128(nan[j], nan_bytes16(src[j] + 16 * s));
       __m256 w0, w1;
       decode16_nonan(src[j] + 16 * s, w0, w1);
       acc[j] = s == 0 ? _mm256_mul_ps(x0, w0) : _mm256_fmadd_ps(x0, w0, acc[j]);
@@ -205,9 +215,15 @@ KEEL_KINLINE void block_m1_avx2(const uint8_t* const* src, const float* xp, cons
   for (int j = 0; j < R; ++j) total[j] = _mm256_fmadd_ps(acc[j], _mm256_set1_ps(scale[j]), total[j]);
 }
 
-// Decode: weight rows [r0, r0 + R) against the one row of x (a partial last block from zero-padded copies). A row with
-// a NaN byte gives NaN: kScan finds them here; without it the caller's row_special marks them (and rows with
-// subnormal bytes, which the decode takes exactly), and a marked row is computed again with the scan.
+// Steps of block b that hold a column < k, and whether its last one is partial (then read from a zero-padded copy).
+KEEL_KINLINE int block_steps(const Fp8LinearParams& p, int64_t b) {
+  const int64_t left = p.k - b * kFp8BlockK;
+  return left >= kFp8BlockK ? kSteps : static_cast<int>((left + 15) / 16);
+}
+
+// Decode: weight rows [r0, r0 + R) against the one row of x. A row with a NaN byte gives NaN: kScan finds them here;
+// without it, the rows the caller's row_special marks (NaN or subnormal bytes; the decode takes subnormals exactly)
+// are scanned after the pass.
 template <bool kScan, int R>
 void rows_avx2_m1(const Fp8LinearParams& p, int64_t r0) {
   const int64_t nb = p.kp / kFp8BlockK;
@@ -215,61 +231,79 @@ void rows_avx2_m1(const Fp8LinearParams& p, int64_t r0) {
   const uint8_t* row[R];
   const float* srow[R];
   __m256 total[R];
-  __m256i nan[R];
+  __m128i nan[R];
 #pragma GCC unroll 4
   for (int j = 0; j < R; ++j) {
     row[j] = p.w + (r0 + j) * p.w_row;
     srow[j] = p.scale + ((r0 + j) / p.scale_rows) * p.scale_s0;
     total[j] = _mm256_setzero_ps();
-    nan[j] = _mm256_setzero_si256();
+    nan[j] = _mm_setzero_si128();
   }
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* src[R];
     float scale[R];
-    alignas(64) uint8_t pad[R][kFp8BlockK];
 #pragma GCC unroll 4
     for (int j = 0; j < R; ++j) {
       src[j] = row[j] + b * kFp8BlockK;
       scale[j] = block_scale(p, srow[j], b);
-      if (b == full) {  // the partial last block
+    }
+    if (b < full) {
+      block_m1_avx2<kScan, true, R>(src, p.x + b * kFp8BlockK, scale, kSteps, total, nan);
+      continue;
+    }
+    const int steps = block_steps(p, b);
+    alignas(64) uint8_t pad[R][kFp8BlockK];
+    if ((p.k - b * kFp8BlockK) % 16 != 0) {  // a partial last step: the block from zero-padded copies
+#pragma GCC unroll 4
+      for (int j = 0; j < R; ++j) {
         std::memset(pad[j], 0, kFp8BlockK);
         std::memcpy(pad[j], src[j], static_cast<size_t>(p.k - b * kFp8BlockK));
         src[j] = pad[j];
       }
     }
-    block_m1_avx2<kScan, R>(src, p.x + b * kFp8BlockK, scale, total, nan);
+    block_m1_avx2<kScan, false, R>(src, p.x + b * kFp8BlockK, scale, steps, total, nan);
   }
 #pragma GCC unroll 4
   for (int j = 0; j < R; ++j) {
-    if (!kScan && p.row_special[(r0 + j) * p.row_special_stride] != 0) {
-      rows_avx2_m1<true, 1>(p, r0 + j);  // the same sums, with the NaN test
-    } else {
-      store_any(p, 0, r0 + j, hsum8_m256(total[j]), kScan && !_mm256_testz_si256(nan[j], nan[j]));
-    }
+    const bool is_nan = kScan ? !_mm_testz_si128(nan[j], nan[j])
+                              : p.row_special[(r0 + j) * p.row_special_stride] != 0 && row_has_nan(row[j], p.k);
+    store_any(p, 0, r0 + j, hsum8_m256(total[j]), is_nan);
   }
 }
 
-// G rows of x (from x0) against one decoded block (wbuf: 16 vectors), into their totals.
-template <int G>
-KEEL_KINLINE void block_rows_avx2(const Fp8LinearParams& p, const float* wbuf, int64_t b, int64_t x0, __m256 sv,
-                                  __m256* total) {
+// G rows of x (from x0) against one decoded block (wbuf: nvec vectors), into their totals.
+template <int G, bool kFull>
+KEEL_KINLINE void block_rows_avx2(const Fp8LinearParams& p, const float* wbuf, int nvec, int64_t b, int64_t x0,
+                                  __m256 sv, __m256* total) {
+  if (kFull) nvec = 2 * kSteps;
   __m256 acc[G];
   const float* xp = p.x + x0 * p.kp + b * kFp8BlockK;
 #pragma GCC unroll 16
-  for (int s = 0; s < kFp8BlockK / 8; ++s) {
-    const __m256 w = _mm256_load_ps(wbuf + 8 * s);
+  for (int v = 0; v < nvec; ++v) {
+    const __m256 w = _mm256_load_ps(wbuf + 8 * v);
 #pragma GCC unroll 8
     for (int i = 0; i < G; ++i) {
-      const __m256 x = ld8(xp + i * p.kp + 8 * s);
-      acc[i] = s == 0 ? _mm256_mul_ps(x, w) : _mm256_fmadd_ps(x, w, acc[i]);
+      const __m256 x = ld8(xp + i * p.kp + 8 * v);
+      acc[i] = v == 0 ? _mm256_mul_ps(x, w) : _mm256_fmadd_ps(x, w, acc[i]);
     }
   }
 #pragma GCC unroll 8
   for (int i = 0; i < G; ++i) total[x0 + i] = _mm256_fmadd_ps(acc[i], sv, total[x0 + i]);
 }
 
-// Prompts (several rows of x): each weight block decoded once (with cols_portable's NaN test and zero-padded
-// partial block), then the rows of x kAvx2PromptRows at a time.
+template <bool kFull>
+void block_all_rows_avx2(const Fp8LinearParams& p, const float* wbuf, int nvec, int64_t b, __m256 sv, __m256* total) {
+  int64_t i = 0;
+  for (; i + kAvx2PromptRows <= p.m; i += kAvx2PromptRows) {
+    block_rows_avx2<kAvx2PromptRows, kFull>(p, wbuf, nvec, b, i, sv, total);
+  }
+  for (; i + 4 <= p.m; i += 4) block_rows_avx2<4, kFull>(p, wbuf, nvec, b, i, sv, total);
+  for (; i + 2 <= p.m; i += 2) block_rows_avx2<2, kFull>(p, wbuf, nvec, b, i, sv, total);
+  if (i < p.m) block_rows_avx2<1, kFull>(p, wbuf, nvec, b, i, sv, total);
+}
+
+// Prompts (several rows of x): each weight block decoded once (the steps holding a column < k, a partial last step
+// from a zero-padded copy, NaN bytes noted), then the rows of x kAvx2PromptRows at a time.
 void cols_avx2_rows(const Fp8LinearParams& p, int64_t begin, int64_t end) {
   const int64_t nb = p.kp / kFp8BlockK;
   alignas(32) float wbuf[kFp8BlockK];
@@ -278,29 +312,33 @@ void cols_avx2_rows(const Fp8LinearParams& p, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     const uint8_t* wrow = p.w + r * p.w_row;
     const float* srow = p.scale + (r / p.scale_rows) * p.scale_s0;
-    bool nan = false;
+    __m128i nan = _mm_setzero_si128();
     for (int64_t i = 0; i < p.m; ++i) total[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* src = wrow + b * kFp8BlockK;
       const int64_t left = p.k - b * kFp8BlockK;
-      if (left < kFp8BlockK) {  // the partial last block, from a zero-padded copy
+      const int steps = block_steps(p, b);
+      if (left < kFp8BlockK && left % 16 != 0) {
         std::memset(pad, 0, sizeof(pad));
         std::memcpy(pad, src, static_cast<size_t>(left));
         src = pad;
       }
-      f32x8 w[2];
-      for (int j = 0; j < kFp8BlockK / 8; j += 2) {
-        nan |= decode16(src + 8 * j, w);
-        std::memcpy(wbuf + 8 * j, w, sizeof(w));
+      for (int s = 0; s < steps; ++s) {
+        nan = _mm_or_si128(nan, nan_bytes16(src + 16 * s));
+        __m256 lo, hi;
+        decode16_nonan(src + 16 * s, lo, hi);
+        _mm256_store_ps(wbuf + 16 * s, lo);
+        _mm256_store_ps(wbuf + 16 * s + 8, hi);
       }
       const __m256 sv = _mm256_set1_ps(block_scale(p, srow, b));
-      int64_t i = 0;
-      for (; i + kAvx2PromptRows <= p.m; i += kAvx2PromptRows) block_rows_avx2<kAvx2PromptRows>(p, wbuf, b, i, sv, total);
-      for (; i + 4 <= p.m; i += 4) block_rows_avx2<4>(p, wbuf, b, i, sv, total);
-      for (; i + 2 <= p.m; i += 2) block_rows_avx2<2>(p, wbuf, b, i, sv, total);
-      if (i < p.m) block_rows_avx2<1>(p, wbuf, b, i, sv, total);
+      if (steps == kSteps) {
+        block_all_rows_avx2<true>(p, wbuf, 2 * kSteps, b, sv, total);
+      } else {
+        block_all_rows_avx2<false>(p, wbuf, 2 * steps, b, sv, total);
+      }
     }
-    for (int64_t i = 0; i < p.m; ++i) store_any(p, i, r, hsum8_m256(total[i]), nan);
+    const bool is_nan = !_mm_testz_si128(nan, nan);
+    for (int64_t i = 0; i < p.m; ++i) store_any(p, i, r, hsum8_m256(total[i]), is_nan);
   }
 }
 
