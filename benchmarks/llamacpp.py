@@ -21,11 +21,15 @@ says how much of the machine's CPU time the hypervisor gave to other guests whil
 /proc/stat): a cell slowed by the host losing its CPUs shows it there (other guests' use of the memory
 bandwidth, which slows a streaming decode without taking CPU time, does not).
 
-`--stub-projections` replaces every projection (`keel.ops.linear` / `fp8_linear`, lm_head included) by a stub
-that returns a zero tensor of the right shape, kept from call to call: keel's decode tok/s then gives its
-per-token cost outside the projections (engine, runner, sampler, the small ops, attention). `--keel-trees
-before=DIR after=DIR` runs every keel cell once per source tree (PYTHONPATH=DIR, each with its native
-libraries built in place), alternated in the same run: before / after figures of a change, same machine
+The limit (keel_dev.bandwidth): every round first measures the machine's read bandwidth at each thread count in a
+fresh subprocess (torch.sum over 1 GiB, best of 5), and every decode cell is printed against it: bytes per token
+(keel: every tensor a decode step reads in full, from the loaded model; llama.cpp: the GGUF's tensor sizes, the token
+embedding only where it is also the output matrix), the GB/s that tokens/s implies, and its share of the round's
+measured bandwidth; the tables take the best bandwidth of the run. `--split` adds, for keel's cells, a token's time
+outside its projections: ms per token minus the projections' own time (one decode step's projections replayed in the
+cell's process, best of 10, minus the same calls on their weights' first 8 rows: what the calls cost without the
+bytes). `--keel-trees before=DIR after=DIR` runs every keel cell once per source tree (PYTHONPATH=DIR, each with its
+native libraries built in place), alternated in the same run: before / after figures of a change, same machine
 state. Both work with `--profile` too.
 
 llama-cpp-python is an optional benchmark dependency (requirements-bench.txt): README "Benchmark against
@@ -44,17 +48,29 @@ import sys
 import time
 from pathlib import Path
 
+import keel_dev.cpu
+from keel_dev.bandwidth import fraction, read_bandwidth
 from keel_dev.smollm2 import find_gguf  # the one lookup of the real SmolLM2 GGUF
 from keel_dev.timing import cpu_name, cpu_times, steal_percent
 
 ENGINES = ("keel-bf16", "llama-f16", "keel-fp8", "llama-q8_0", "llama-q4_1")
 LLAMA_FTYPES = {"f16": 1, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_Q8_0
-# llama.cpp's CMake flags for this benchmark (README "Benchmark against llama.cpp"): explicit AVX-512, AMX off
-LLAMA_CMAKE_ARGS = (
-    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON "
-    "-DGGML_AVX512_BF16=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF "
-    "-DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF"
-)
+# llama.cpp's CMake flags for this benchmark (README "Benchmark against llama.cpp"): AVX2/FMA/F16C, the AVX-512 parts
+# this CPU has (a build with AVX-512 dies on a CPU without it), AMX off (its quantized paths crashed on an AMX Xeon)
+LLAMA_AVX512 = {"GGML_AVX512": "avx512f", "GGML_AVX512_BF16": "avx512_bf16", "GGML_AVX512_VNNI": "avx512_vnni",
+                "GGML_AVX512_VBMI": "avx512vbmi"}  # fmt: skip
+
+
+def llama_cmake_args(flags: set[str] | None = None) -> str:
+    """The CMake flags that build llama.cpp for the CPU with `flags` (default: this one's, keel_dev.cpu)."""
+    flags = keel_dev.cpu.flags() if flags is None else flags
+    avx512 = " ".join(f"-D{opt}={'ON' if flag in flags else 'OFF'}" for opt, flag in LLAMA_AVX512.items())
+    return (
+        f"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON {avx512} -DGGML_AMX_TILE=OFF "
+        "-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF"
+    )
+
+
 MISSING_LLAMA = (
     "llama-cpp-python is not installed in this environment ({python}). It is an optional benchmark dependency,\n"
     "built from source (README 'Benchmark against llama.cpp'): from the repository root,\n"
@@ -120,31 +136,68 @@ def prepare(gguf: Path, work: Path, engines: list[str]) -> dict[str, Path]:
     return paths
 
 
-def stub_projections() -> None:
-    """Every `keel.ops.linear` / `fp8_linear` call (what KeelLinear, PackedLinear's decode path and Fp8Linear
-    call, lm_head included) returns a zero tensor of its output shape, one per shape, kept between calls."""
+def keel_bytes_per_token(model: object) -> int:
+    """Bytes of every tensor a batch-1 decode step of keel's `model` reads in full: its parameters and buffers, each
+    storage once, the embedding table only where it is also the lm_head's weight (the lookup reads one row)."""
+    embed = model.model.embed_tokens.weight  # type: ignore[attr-defined]
+    head = getattr(model.lm_head, "weight", None)  # type: ignore[attr-defined]
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:  # type: ignore[attr-defined]
+        if t.data_ptr() in seen or (t is embed and head is not embed):
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def gguf_bytes_per_token(path: Path) -> int:
+    """Bytes of every tensor of a llama.cpp GGUF a decode step reads: all of them, the token embedding only where
+    it is also the output matrix (no output.weight: tied)."""
+    from keel.gguf.reader import read_gguf
+
+    with read_gguf(path) as f:
+        tied = "output.weight" not in f.tensors
+        return sum(t.nbytes for name, t in f.tensors.items() if tied or name != "token_embd.weight")
+
+
+def split_projections(llm: object, repeats: int = 10) -> dict:
+    """ms of one decode step's projections, replayed (each layer's four and the lm_head, with the weights the fused
+    layer ops take, one row of x), and of the same calls on their weights' first 8 rows: the difference is the
+    projections' own time, without what a call costs."""
     import torch
+    from keel_dev.timing import best_times
 
-    import keel.ops
+    from keel.layers.linear import projection
+    from keel.ops.layer import project
 
-    outs: dict[tuple, torch.Tensor] = {}
+    runner = llm.llm_engine.runner  # type: ignore[attr-defined]
+    mods = []
+    for layer in runner.model.model.layers:
+        mods += [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    full = [projection(m) for m in [*mods, runner.model.lm_head]]
+    if any(callable(p) for p in full):
+        return {}
+    xs = [torch.randn(1, p[0].shape[1]).to(runner.dtype) for p in full]
 
-    def stub(x: torch.Tensor, weight: torch.Tensor, *rest: object) -> torch.Tensor:
-        key = (tuple(x.shape), weight.shape[0], x.dtype)
-        out = outs.get(key)
-        if out is None:
-            out = outs[key] = torch.zeros((*x.shape[:-1], weight.shape[0]), dtype=x.dtype)
-        return out
+    def rows8(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+        return None if t is None else t[: 8 if t.shape[0] == n else 1]
 
-    keel.ops.linear = keel.ops.fp8_linear = stub  # type: ignore[assignment]
+    tiny = [tuple(rows8(t, p[0].shape[0]) for t in p) for p in full]
+    calls = {"full": lambda: [project(x, q) for x, q in zip(xs, full, strict=True)],
+             "tiny": lambda: [project(x, q) for x, q in zip(xs, tiny, strict=True)]}  # fmt: skip
+    best = best_times(calls, repeats=repeats)
+    return {"projections_ms": (best["full"] - best["tiny"]) * 1e3, "call_cost_ms": best["tiny"] * 1e3}
+
+
+def run_bandwidth(threads: int) -> dict:
+    return {"read_gb_s": read_bandwidth(threads)}
 
 
 def run_keel(engine: str, folder: Path, threads: int, args: argparse.Namespace) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    if args.stub_projections:
-        stub_projections()
     from keel import LLM, SamplingParams
 
     quant = "fp8" if engine == "keel-fp8" else "none"
@@ -161,7 +214,8 @@ def run_keel(engine: str, folder: Path, threads: int, args: argparse.Namespace) 
         best["prefill_tok_s"] = max(best["prefill_tok_s"], s.prefill_tokens / s.prefill_s)
         best["decode_tok_s"] = max(best["decode_tok_s"], s.decode_tokens / s.decode_s)
         tokens = list(out.token_ids)
-    return {**best, "tokens": tokens}
+    split = split_projections(llm) if args.split else {}
+    return {**best, "tokens": tokens, "bytes_per_token": keel_bytes_per_token(llm.llm_engine.runner.model), **split}
 
 
 def profile_keel(engine: str, folder: Path, threads: int, args: argparse.Namespace) -> None:
@@ -171,8 +225,6 @@ def profile_keel(engine: str, folder: Path, threads: int, args: argparse.Namespa
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(threads)
-    if args.stub_projections:
-        stub_projections()
     from keel import LLM, SamplingParams
 
     quant = "fp8" if engine == "keel-fp8" else "none"
@@ -193,8 +245,7 @@ def profile_keel(engine: str, folder: Path, threads: int, args: argparse.Namespa
     table = prof.key_averages()
     ops_s = sum(e.self_cpu_time_total for e in table) / 1e6
     tree = f" [{os.environ.get('KEEL_BENCH_TREE')}]" if os.environ.get("KEEL_BENCH_TREE") else ""
-    stubbed = ", projections stubbed" if args.stub_projections else ""
-    print(f"== {engine}{tree}{stubbed}, {threads} thread(s): {steps} decode steps, "
+    print(f"== {engine}{tree}, {threads} thread(s): {steps} decode steps, "
           f"{wall / steps * 1e3:.2f} ms/token wall "
           f"({steps / wall:.1f} tok/s under the profiler); ops (self CPU) {ops_s / steps * 1e3:.2f} ms/token, "
           f"everything else {(wall - ops_s) / steps * 1e3:.2f} ms/token")  # fmt: skip
@@ -235,7 +286,7 @@ def run_llama(path: Path, threads: int, args: argparse.Namespace, folder: Path) 
         prefill_s, decode_s, tokens = generate(args.new_tokens)
         best["prefill_tok_s"] = max(best["prefill_tok_s"], len(ids) / prefill_s)
         best["decode_tok_s"] = max(best["decode_tok_s"], (args.new_tokens - 1) / decode_s)
-    return {**best, "tokens": tokens}
+    return {**best, "tokens": tokens, "bytes_per_token": gguf_bytes_per_token(path)}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -243,7 +294,9 @@ def worker(args: argparse.Namespace) -> None:
     engine, threads = args._worker, args._threads
     if args.profile:
         return profile_keel(engine, paths["keel"], threads, args)
-    if engine.startswith("keel"):
+    if engine == "bandwidth":
+        row = run_bandwidth(threads)
+    elif engine.startswith("keel"):
         row = run_keel(engine, paths["keel"], threads, args)
     else:
         row = run_llama(paths[engine.split("-", 1)[1]], threads, args, paths["keel"])
@@ -263,7 +316,7 @@ def worker_cmd(engine: str, threads: int, paths: dict[str, Path], args: argparse
     return [sys.executable, __file__, "--_worker", engine, "--_threads", str(threads), "--_paths",
             json.dumps({k: str(v) for k, v in paths.items()}), "--prompt-len", str(args.prompt_len),
             "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
-            *(["--stub-projections"] if args.stub_projections else []),
+            *(["--split"] if args.split else []),
             *(["--profile"] if args.profile else [])]  # fmt: skip
 
 
@@ -327,7 +380,7 @@ def main() -> None:
     p.add_argument(
         "--profile", action="store_true", help="instead: a torch.profiler table of each keel engine's decode"
     )
-    p.add_argument("--stub-projections", action="store_true", help="keel's projections return cached zeros (see above)")
+    p.add_argument("--split", action="store_true", help="keel: a token's time outside its projections (see above)")
     p.add_argument(
         "--keel-trees",
         nargs="+",
@@ -343,7 +396,7 @@ def main() -> None:
         return worker(args)
     needs_llama = any(e.startswith("llama") for e in args.engines) and not args.profile
     if importlib.util.find_spec("llama_cpp") is None and needs_llama:
-        raise SystemExit(MISSING_LLAMA.format(python=sys.executable, cmake=LLAMA_CMAKE_ARGS))
+        raise SystemExit(MISSING_LLAMA.format(python=sys.executable, cmake=llama_cmake_args()))
     if importlib.util.find_spec("keel") is None:
         raise SystemExit(f"keel is not installed in this environment ({sys.executable}): pip install dist/keel-*.whl")
     gguf = args.gguf or find_gguf()
@@ -362,14 +415,41 @@ def main() -> None:
                     env = {**os.environ, "OMP_NUM_THREADS": str(t), **tree_env(tree)}
                     subprocess.run(worker_cmd(e, t, paths, args), env=env, check=True)
         return
-    cpu = cpu_name()
-    print(f"CPU: {cpu}, {os.cpu_count()} logical CPUs; GGUF: {gguf.name}; prompt {args.prompt_len} tokens, "
-          f"{args.new_tokens} new, batch 1, best of {args.repeats} x {args.rounds} rounds", flush=True)  # fmt: skip
+    flags = keel_dev.cpu.flags()
+    shown = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+    print(f"CPU: {cpu_name()} ({shown}), {os.cpu_count()} logical CPUs; GGUF: {gguf.name}; "
+          f"prompt {args.prompt_len} tokens, {args.new_tokens} new, batch 1, best of {args.repeats} x {args.rounds} "
+          "rounds", flush=True)  # fmt: skip
+    best, runs, cols = run_rounds(args, paths, trees)
+    cols = [c for e in ENGINES for c in cols if c.split("@")[0] == e]
+    print()
+    print(report(best, cols, args.threads))
+    print()
+    print(limit_report(best, cols, args.threads))
+    ref = next((best[k]["tokens"] for k in best if k[0].startswith("keel-bf16")), None)
+    if ref is not None:
+        same = {
+            e: common_prefix(ref, r["tokens"])
+            for (e, t), r in best.items()
+            if t == args.threads[0] and e != "bandwidth"
+        }
+        shown = ", ".join(f"{e} {n}" for e, n in same.items())
+        print(f"\ngreedy tokens equal to keel-bf16's (leading, of {len(ref)}): {shown}")
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=1))
+
+
+def run_rounds(args: argparse.Namespace, paths: dict[str, Path], trees: list) -> tuple[dict, list, list[str]]:
+    """Every round: per thread count the read bandwidth, then the engines alternated. Returns each cell's best
+    (and the bandwidth's, under ("bandwidth", threads)), every run, and the columns in order of appearance."""
     best: dict = {}
-    runs = []
+    runs: list[dict] = []
     cols: list[str] = []
     for rnd in range(args.rounds):
         for t in args.threads:
+            bw = cell("bandwidth", t, paths, args)["read_gb_s"]
+            best[("bandwidth", t)] = max(best.get(("bandwidth", t), 0.0), bw)
+            print(f"  round {rnd}   read bandwidth threads {t}: {bw:.1f} GB/s", flush=True)
             # keel and llama.cpp alternate: each keel engine is followed by its llama.cpp peer; with
             # --keel-trees each keel engine runs once per tree, the trees' order reversed every other round
             order = [(e, tree) for e in ENGINES if e in args.engines
@@ -381,25 +461,41 @@ def main() -> None:
                 if label not in cols:
                     cols.append(label)
                 row = cell(e, t, paths, args, tree)
-                runs.append({"round": rnd, "engine": label, "threads": t, **row})
-                steal = "" if row["steal_pct"] is None else f"  host steal {row['steal_pct']:4.1f}%"
-                print(f"  round {rnd} {label:>11} threads {t}: decode {row['decode_tok_s']:7.1f}  "
-                      f"prefill {row['prefill_tok_s']:7.1f} tok/s{steal}", flush=True)  # fmt: skip
-                cur = best.setdefault((label, t), {"decode_tok_s": 0.0, "prefill_tok_s": 0.0, "tokens": row["tokens"]})
+                runs.append({"round": rnd, "engine": label, "threads": t, "read_gb_s": bw, **row})
+                print(cell_line(rnd, label, t, row, bw), flush=True)
+                cur = best.setdefault((label, t), {"decode_tok_s": 0.0, "prefill_tok_s": 0.0, **row})
                 cur["decode_tok_s"] = max(cur["decode_tok_s"], row["decode_tok_s"])
                 cur["prefill_tok_s"] = max(cur["prefill_tok_s"], row["prefill_tok_s"])
-    cols = [c for e in ENGINES for c in cols if c.split("@")[0] == e]
-    print()
-    print(report(best, cols, args.threads))
-    if args.stub_projections:
-        print("\nprojections stubbed: ms per decode token outside the projections = 1000 / decode tok/s")
-    ref = next((best[k]["tokens"] for k in best if k[0].startswith("keel-bf16")), None)
-    if ref is not None and not args.stub_projections:
-        same = {e: common_prefix(ref, best[(e, t)]["tokens"]) for (e, t) in best if t == args.threads[0]}
-        shown = ", ".join(f"{e} {n}" for e, n in same.items())
-        print(f"\ngreedy tokens equal to keel-bf16's (leading, of {len(ref)}): {shown}")
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=1))
+                if "projections_ms" in row:  # the split of the round with the fastest projections
+                    cur["projections_ms"] = min(cur["projections_ms"], row["projections_ms"])
+    return best, runs, cols
+
+
+def cell_line(rnd: int, label: str, t: int, row: dict, bw: float) -> str:
+    share = fraction(row["decode_tok_s"], row["bytes_per_token"], bw).render()
+    steal = "" if row["steal_pct"] is None else f"  host steal {row['steal_pct']:4.1f}%"
+    line = (f"  round {rnd} {label:>11} threads {t}: decode {row['decode_tok_s']:7.1f}  "
+            f"prefill {row['prefill_tok_s']:7.1f} tok/s  ({share}){steal}")  # fmt: skip
+    if "projections_ms" in row:
+        outside = 1e3 / row["decode_tok_s"] - row["projections_ms"]
+        line += f"\n      {row['projections_ms']:.2f} ms/token in the projections, {outside:.2f} outside them"
+    return line
+
+
+def limit_report(best: dict, cols: list[str], threads: list[int]) -> str:
+    """Every decode cell against the run's best read bandwidth at its thread count."""
+    lines = ["| engine | threads | decode tok/s | MB per token | GB/s | read bandwidth GB/s | share |",
+             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for t in threads:
+        bw = best[("bandwidth", t)]
+        for c in cols:
+            row = best.get((c, t))
+            if row is None:
+                continue
+            share = fraction(row["decode_tok_s"], row["bytes_per_token"], bw)
+            lines.append(f"| {c} | {t} | {row['decode_tok_s']:.1f} | {row['bytes_per_token'] / 1e6:.1f} | "
+                         f"{share.gb_s:.1f} | {bw:.1f} | {share.fraction:.0%} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
