@@ -113,8 +113,99 @@ KEEL_KINLINE void row_tile(const LinearParams& p, int64_t m0, int64_t r) {
 // FMA chains (fp32 decode streams the weight at 32 bytes per FMA, far past memory bandwidth).
 constexpr int kKU = 2;
 
+#if defined(__AVX2__)
+// Prompts on AVX2: MR rows of x times two weight rows per pass, each output summed exactly as row_tile<*, kKU> sums it
+// (kKU accumulators from zero taking the 8-column steps round robin, each step one FMA, added in order, hsum8, the
+// columns past the last whole step one by one, the bias): the same bits, with 2 * MR * kKU chains side by side and
+// each weight vector converted once for MR rows (row_tile reloads and converts it for every group of x rows).
+static_assert(kKU == 2, "tile_mx2 keeps two accumulators per output");
+
+KEEL_KINLINE __m256 wload8(const float* p) { return _mm256_loadu_ps(p); }
+KEEL_KINLINE __m256 wload8(const bf16_t* p) {
+  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+KEEL_KINLINE __m256 wload8(const f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+template <int MR, typename T>
+KEEL_KINLINE void tile_mx2(const LinearParams& p, int64_t m0, int64_t r0) {
+  const int64_t k = p.k;
+  const float* x = p.x + m0 * k;
+  const T* w[2] = {static_cast<const T*>(p.w) + r0 * p.w_row, static_cast<const T*>(p.w) + (r0 + 1) * p.w_row};
+  constexpr int64_t ahead = kPrefetchBytes / sizeof(T);
+  __m256 acc[MR][2][kKU];
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m) {
+    for (int j = 0; j < 2; ++j) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 8 * kKU <= k; i += 8 * kKU) {
+#pragma GCC unroll 2
+    for (int u = 0; u < kKU; ++u) {
+      if ((8 * u * sizeof(T)) % 64 == 0) {
+        __builtin_prefetch(w[0] + i + ahead + 8 * u);
+        __builtin_prefetch(w[1] + i + ahead + 8 * u);
+      }
+      const __m256 w0 = wload8(w[0] + i + 8 * u);
+      const __m256 w1 = wload8(w[1] + i + 8 * u);
+#pragma GCC unroll 4
+      for (int m = 0; m < MR; ++m) {
+        const __m256 xv = _mm256_loadu_ps(x + m * k + i + 8 * u);
+        acc[m][0][u] = _mm256_fmadd_ps(xv, w0, acc[m][0][u]);
+        acc[m][1][u] = _mm256_fmadd_ps(xv, w1, acc[m][1][u]);
+      }
+    }
+  }
+  T* out = static_cast<T*>(p.out);
+  const T* bias = static_cast<const T*>(p.bias);
+  for (int m = 0; m < MR; ++m) {
+    for (int j = 0; j < 2; ++j) {
+      f32x8 a;
+      const __m256 sum = _mm256_add_ps(acc[m][j][0], acc[m][j][1]);
+      std::memcpy(&a, &sum, sizeof(a));
+      float s = hsum8(a);
+      for (int64_t t = i; t < k; ++t) s += x[m * k + t] * load(w[j] + t);
+      if (bias) s += load(bias + (r0 + j) * p.bias_stride);
+      store(out + (m0 + m) * p.n + r0 + j, s);
+    }
+  }
+}
+
+// Weight rows [r0, r1) (an even count) against every row of x: the rows of x 3 at a time (a tile's rows stay in L1),
+// each against the range's weight rows two by two (the range is kept small enough to stay in L1 too).
+template <typename T>
+void rows_pairs(const LinearParams& p, int64_t r0, int64_t r1) {
+  int64_t m0 = 0;
+  for (; m0 + 3 <= p.m; m0 += 3) {
+    for (int64_t r = r0; r < r1; r += 2) tile_mx2<3, T>(p, m0, r);
+  }
+  for (int64_t r = r0; r < r1; r += 2) {
+    if (p.m - m0 == 2) tile_mx2<2, T>(p, m0, r);
+    if (p.m - m0 == 1) tile_mx2<1, T>(p, m0, r);
+  }
+}
+
+constexpr int64_t kPairsBytes = 16384;  // weight bytes of one range of rows_pairs
+#endif
+
 template <typename T>
 void cols_impl(const LinearParams& p, int64_t begin, int64_t end) {
+#if defined(__AVX2__)
+  if (p.m >= 2) {  // prompts and batched decode: two weight rows per pass
+    const int64_t bytes = p.k * static_cast<int64_t>(sizeof(T));
+    const int64_t chunk = bytes == 0 || bytes * 2 >= kPairsBytes ? 2 : kPairsBytes / bytes / 2 * 2;
+    int64_t r = begin;
+    for (; r + 2 <= end; r += chunk) {
+      const int64_t r1 = r + chunk <= end ? r + chunk : r + (end - r) / 2 * 2;
+      rows_pairs<T>(p, r, r1);
+      if (r1 < r + chunk) {
+        r = r1;
+        break;
+      }
+    }
+    begin = r;
+  }
+#endif
   for (int64_t r = begin; r < end; ++r) {
     int64_t m0 = 0;
     for (; m0 + 4 <= p.m; m0 += 4) row_tile<4, kKU, T>(p, m0, r);
