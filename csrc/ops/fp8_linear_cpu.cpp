@@ -15,9 +15,11 @@
 // among threads or passes, nor on the call's row count or its other rows (the AVX512-BF16 path's choice between its
 // bf16 copy of a row and the exact fp32 path is made per row).
 //   AVX-512 (AVX512F/BW/VL, checked at run time, in the AVX2 build): 32 weights per 256-bit load.
-//   AVX2 build: the same decode on 16 weights (F16C), four weight rows per pass in decode, eight rows of x per
-//   decoded block in prompts; baseline build: a 256-entry table.
+//   AVX2 build: the same decode on 16 weights (F16C), four weight rows per pass in decode, prompts from a decoded
+//   range of weight rows, three rows of x times two weight rows per tile; baseline build: a 256-entry table.
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "ops/fp8_linear.h"
 #include "ops/vec_sum.h"
@@ -143,13 +145,12 @@ void cols_portable(const Fp8LinearParams& p, int64_t begin, int64_t end) {
 // (per block: acc = x[0:8] * w[0:8] rounded, then an FMA for each further 8 columns in order, over the 16-column steps
 // that hold a column < k (the last one zero-padded past k); total = fma(acc, s, total); hsum8, bias, one rounding), and
 // run more chains at once: decode (one row of x) takes kAvx2DecodeRows weight rows per pass, each x vector loaded
-// once for all of them; prompts decode a weight block once into a buffer and take 8 rows of x per pass. Every row
+// once for all of them; prompts decode a range of weight rows once into a buffer and run tiles of 3 x 2 outputs. Every row
 // count takes these kernels in the AVX2 build (cols_portable's vector-extension code leaves the choice of which
 // product to fuse to the compiler), so a row's bits never depend on its call.
 
 #if defined(__AVX2__)
 constexpr int kAvx2DecodeRows = 4;
-constexpr int kAvx2PromptRows = 8;
 constexpr int kSteps = kFp8BlockK / 16;  // 16-weight steps of a block
 
 KEEL_KINLINE __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
@@ -271,74 +272,132 @@ void rows_avx2_m1(const Fp8LinearParams& p, int64_t r0) {
   }
 }
 
-// G rows of x (from x0) against one decoded block (wbuf: nvec vectors), into their totals.
-template <int G, bool kFull>
-KEEL_KINLINE void block_rows_avx2(const Fp8LinearParams& p, const float* wbuf, int nvec, int64_t b, int64_t x0,
-                                  __m256 sv, __m256* total) {
-  if (kFull) nvec = 2 * kSteps;
-  __m256 acc[G];
-  const float* xp = p.x + x0 * p.kp + b * kFp8BlockK;
-#pragma GCC unroll 16
-  for (int v = 0; v < nvec; ++v) {
-    const __m256 w = _mm256_load_ps(wbuf + 8 * v);
-#pragma GCC unroll 8
-    for (int i = 0; i < G; ++i) {
-      const __m256 x = ld8(xp + i * p.kp + 8 * v);
-      acc[i] = v == 0 ? _mm256_mul_ps(x, w) : _mm256_fmadd_ps(x, w, acc[i]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < G; ++i) total[x0 + i] = _mm256_fmadd_ps(acc[i], sv, total[x0 + i]);
-}
+// Prompts (several rows of x). A range of weight rows is decoded once into a buffer (per row: the steps of each block
+// that hold a column < k, a partial last step from a zero-padded copy, NaN bytes noted), small enough to stay in L1;
+// then tiles of MR rows of x times NR of those weight rows keep their block sums and totals in registers, each
+// output in the order above.
+constexpr int64_t kAvx2PromptBytes = 16384;  // decoded fp32 weights of one range
 
-template <bool kFull>
-void block_all_rows_avx2(const Fp8LinearParams& p, const float* wbuf, int nvec, int64_t b, __m256 sv, __m256* total) {
-  int64_t i = 0;
-  for (; i + kAvx2PromptRows <= p.m; i += kAvx2PromptRows) {
-    block_rows_avx2<kAvx2PromptRows, kFull>(p, wbuf, nvec, b, i, sv, total);
-  }
-  for (; i + 4 <= p.m; i += 4) block_rows_avx2<4, kFull>(p, wbuf, nvec, b, i, sv, total);
-  for (; i + 2 <= p.m; i += 2) block_rows_avx2<2, kFull>(p, wbuf, nvec, b, i, sv, total);
-  if (i < p.m) block_rows_avx2<1, kFull>(p, wbuf, nvec, b, i, sv, total);
-}
+struct DecodedRows {
+  float* w;        // [rows][kp], row j at w + j * kp
+  bool nan[64];    // per row: a NaN byte
+  int last_nvec;   // 8-column vectors of the last block that hold a column < k
+};
 
-// Prompts (several rows of x): each weight block decoded once (the steps holding a column < k, a partial last step
-// from a zero-padded copy, NaN bytes noted), then the rows of x kAvx2PromptRows at a time.
-void cols_avx2_rows(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+int64_t decode_rows_avx2(const Fp8LinearParams& p, int64_t r0, int64_t rows, DecodedRows& d) {
   const int64_t nb = p.kp / kFp8BlockK;
-  alignas(32) float wbuf[kFp8BlockK];
   alignas(64) uint8_t pad[kFp8BlockK];
-  __m256 total[kFp8RowBlock];
-  for (int64_t r = begin; r < end; ++r) {
-    const uint8_t* wrow = p.w + r * p.w_row;
-    const float* srow = p.scale + (r / p.scale_rows) * p.scale_s0;
+  for (int64_t j = 0; j < rows; ++j) {
+    const uint8_t* wrow = p.w + (r0 + j) * p.w_row;
     __m128i nan = _mm_setzero_si128();
-    for (int64_t i = 0; i < p.m; ++i) total[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* src = wrow + b * kFp8BlockK;
       const int64_t left = p.k - b * kFp8BlockK;
-      const int steps = block_steps(p, b);
       if (left < kFp8BlockK && left % 16 != 0) {
         std::memset(pad, 0, sizeof(pad));
         std::memcpy(pad, src, static_cast<size_t>(left));
         src = pad;
       }
+      float* dst = d.w + j * p.kp + b * kFp8BlockK;
+      const int steps = block_steps(p, b);
       for (int s = 0; s < steps; ++s) {
         nan = _mm_or_si128(nan, nan_bytes16(src + 16 * s));
         __m256 lo, hi;
         decode16_nonan(src + 16 * s, lo, hi);
-        _mm256_store_ps(wbuf + 16 * s, lo);
-        _mm256_store_ps(wbuf + 16 * s + 8, hi);
-      }
-      const __m256 sv = _mm256_set1_ps(block_scale(p, srow, b));
-      if (steps == kSteps) {
-        block_all_rows_avx2<true>(p, wbuf, 2 * kSteps, b, sv, total);
-      } else {
-        block_all_rows_avx2<false>(p, wbuf, 2 * steps, b, sv, total);
+        _mm256_storeu_ps(dst + 16 * s, lo);
+        _mm256_storeu_ps(dst + 16 * s + 8, hi);
       }
     }
-    const bool is_nan = !_mm_testz_si128(nan, nan);
-    for (int64_t i = 0; i < p.m; ++i) store_any(p, i, r, hsum8_m256(total[i]), is_nan);
+    d.nan[j] = !_mm_testz_si128(nan, nan);
+  }
+  d.last_nvec = 2 * block_steps(p, nb - 1);
+  return nb;
+}
+
+// One block of MR x rows times NR decoded weight rows into the tile's totals (kFull: all 16 vectors, unrolled).
+template <int MR, int NR, bool kFull>
+KEEL_KINLINE void tile_block_avx2(const float* const* wd, const float* const* xr, int64_t o, int nvec,
+                                  const float* scale, __m256 (&total)[MR][NR]) {
+  if (kFull) nvec = 2 * kSteps;
+  __m256 acc[MR][NR];
+#pragma GCC unroll 3
+  for (int i = 0; i < MR; ++i) {
+    const __m256 x = ld8(xr[i] + o);
+#pragma GCC unroll 2
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_mul_ps(x, ld8(wd[j] + o));
+  }
+#pragma GCC unroll 16
+  for (int v = 1; v < nvec; ++v) {
+    __m256 w[NR];
+#pragma GCC unroll 2
+    for (int j = 0; j < NR; ++j) w[j] = ld8(wd[j] + o + 8 * v);
+#pragma GCC unroll 3
+    for (int i = 0; i < MR; ++i) {
+      const __m256 x = ld8(xr[i] + o + 8 * v);
+#pragma GCC unroll 2
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(x, w[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 3
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 2
+    for (int j = 0; j < NR; ++j) total[i][j] = _mm256_fmadd_ps(acc[i][j], _mm256_set1_ps(scale[j]), total[i][j]);
+  }
+}
+
+template <int MR, int NR>
+void tile_avx2(const Fp8LinearParams& p, const DecodedRows& d, int64_t nb, int64_t m0, int64_t r0, int64_t j0) {
+  const float* wd[NR];
+  const float* srow[NR];
+  const float* xr[MR];
+  __m256 total[MR][NR];
+#pragma GCC unroll 2
+  for (int j = 0; j < NR; ++j) {
+    wd[j] = d.w + (j0 + j) * p.kp;
+    srow[j] = p.scale + ((r0 + j0 + j) / p.scale_rows) * p.scale_s0;
+  }
+#pragma GCC unroll 3
+  for (int i = 0; i < MR; ++i) {
+    xr[i] = p.x + (m0 + i) * p.kp;
+#pragma GCC unroll 2
+    for (int j = 0; j < NR; ++j) total[i][j] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    float scale[NR];
+#pragma GCC unroll 2
+    for (int j = 0; j < NR; ++j) scale[j] = block_scale(p, srow[j], b);
+    const int nvec = b + 1 < nb ? 2 * kSteps : d.last_nvec;
+    if (nvec == 2 * kSteps) {
+      tile_block_avx2<MR, NR, true>(wd, xr, b * kFp8BlockK, nvec, scale, total);
+    } else {
+      tile_block_avx2<MR, NR, false>(wd, xr, b * kFp8BlockK, nvec, scale, total);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) store_any(p, m0 + i, r0 + j0 + j, hsum8_m256(total[i][j]), d.nan[j0 + j]);
+  }
+}
+
+template <int MR>
+void tiles_avx2(const Fp8LinearParams& p, const DecodedRows& d, int64_t nb, int64_t m0, int64_t r0, int64_t rows) {
+  int64_t j = 0;
+  for (; j + 2 <= rows; j += 2) tile_avx2<MR, 2>(p, d, nb, m0, r0, j);
+  if (j < rows) tile_avx2<MR, 1>(p, d, nb, m0, r0, j);
+}
+
+void cols_avx2_rows(const Fp8LinearParams& p, int64_t begin, int64_t end) {
+  thread_local std::vector<float> buf;
+  const int64_t range = std::max<int64_t>(1, std::min<int64_t>(64, kAvx2PromptBytes / (p.kp * 4)));
+  buf.resize(static_cast<size_t>(range * p.kp));
+  DecodedRows d{};
+  d.w = buf.data();
+  for (int64_t r0 = begin; r0 < end; r0 += range) {
+    const int64_t rows = std::min(range, end - r0);
+    const int64_t nb = decode_rows_avx2(p, r0, rows, d);
+    int64_t m0 = 0;
+    for (; m0 + 3 <= p.m; m0 += 3) tiles_avx2<3>(p, d, nb, m0, r0, rows);
+    if (p.m - m0 == 2) tiles_avx2<2>(p, d, nb, m0, r0, rows);
+    if (p.m - m0 == 1) tiles_avx2<1>(p, d, nb, m0, r0, rows);
   }
 }
 
