@@ -5,7 +5,7 @@
 //   (one per row and 128-wide K block) or [ceil(N/128), ceil(K/128)] (128x128 blocks) -> [..., N] in x's dtype.
 // Weight-only FP8 on the CPU: x is widened to fp32 once per call, the weight decoded in registers
 // (fp8_linear_cpu.cpp); bf16 x on a CPU with AMX: the tile kernel (fp8_linear_amx_cpu.cpp) for every call. Each
-// output of a process is summed in one order whatever the call's row count or other rows (issue 27). The CUDA library
+// output of a process is summed in one order whatever the call's row count or other rows. The CUDA library
 // refuses: CUDA runs FP8 through keel.vendored.deep_gemm.
 #include "ops/fp8_linear.h"
 #include "ops/fp8_linear_amx.h"

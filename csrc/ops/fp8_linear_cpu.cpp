@@ -686,8 +686,8 @@ KEEL_AVX512BF16 void cols_bf16_impl(const Fp8LinearParams& p, int64_t begin, int
 // rows on the side (per 64 bytes: u = ((b + 1) & 0x7F), kept as a running minimum; u <= 8 marks a zero,
 // subnormal or NaN byte). A row it marks (a few % of real rows hold a zero byte) is scanned again for the
 // subnormal or NaN bytes of block_bf16's test among its k bytes (zeros are fine), and only a row that holds
-// one is computed again by cols_bf16_impl<1> (before, every marked row was, which made a token's projections
-// on SmolLM2-shaped weights much slower: docs/measurements/2026-12-02-decode-step.md). So every row's result
+// one is computed again by cols_bf16_impl<1> (computing every marked row again is much slower on SmolLM2-shaped
+// weights: docs/measurements/2026-12-02-decode-step.md). So every row's result
 // is exactly that function's: the same per-block sums in the same order, the same 16-lane tree (three hadds
 // give hsum8's (v0+v4)+(v1+v5) + (v2+v6)+(v3+v7) for four rows at once). The tail block is read unmasked (x
 // is zero past k, and bytes past k are finite once decoded, so they add zeros, and the second scan stops at

@@ -4,7 +4,7 @@
 // blocks of kLinearRowBlock rows, each streaming the weight once), and for bf16 on a CPU with AMX the tile GEMM
 // of linear_amx_cpu.cpp for every call, decode included, so CPU results depend on keel's code alone, never on the
 // oneDNN version of the torch it runs on. Either kernel sums every output in one order whatever the call's row
-// count (issue 27: a token's logits are the same bits in a prompt call, with a cached prefix, batched or alone,
+// count (a token's logits are the same bits in a prompt call, with a cached prefix, batched or alone,
 // in a decode call), which is why the kernel is chosen per process and dtype, never per row count. The CUDA library
 // calls aten::linear through the dispatcher (cuBLAS), so there is no linear .cu file.
 #include "ops/linear.h"

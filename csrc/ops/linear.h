@@ -36,8 +36,8 @@ void linear_cpu(DType dt, const void* x, int64_t m, int64_t k, const void* w, in
                 const void* bias, int64_t bias_stride, void* out);
 
 // ---- AMX GEMM (linear_amx_cpu.cpp; AVX2 build only, run when cpu_has_amx()) -------------------------------------
-// Every bf16 call, whatever its row count (issue 27: one summation order per process). Decode on AMX may be
-// slower than the AVX512-BF16 GEMV was (the old crossover: docs/measurements/2026-12-02-amx-prompt-kernels.md);
+// Every bf16 call, whatever its row count (one summation order per process). Decode on AMX may be
+// slower than the AVX512-BF16 GEMV (their crossover: docs/measurements/2026-12-02-amx-prompt-kernels.md);
 // not measured on an AMX CPU yet (docs/ops.md, determinism).
 constexpr int64_t kAmxBlockM = 32;  // x rows per register block (two 16-row B tiles)
 constexpr int64_t kAmxBlockN = 32;  // weight rows per register block (two 16-row A tiles)

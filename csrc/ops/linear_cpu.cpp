@@ -9,7 +9,7 @@
 //   bf16 on a CPU with AVX512-BF16 (checked at run time): vdpbf16ps, 32 multiply-adds per instruction
 //     with no conversion (products exact, fp32 sums), on tiles of up to 4 x rows times 4 weight rows.
 //
-// Summation order (issue 27: a row's bits must not depend on the call it is in): every output of a build is
+// Summation order (a row's bits must not depend on the call it is in): every output of a build is
 // summed in ONE order whatever the call's row count, the row's place in it, the thread count or how output
 // features are split, so a token gives the same bits in a prompt call, with a cached prefix, batched with
 // other sequences or alone, and in a decode call.
@@ -41,7 +41,7 @@ typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
 constexpr int64_t kPrefetchBytes = 8192;  // how far ahead of the current weight column to prefetch (portable)
 // The AVX512-BF16 kernel asks for the weight lines 16 KB ahead into the outer caches (prefetcht2) and for none
-// into L1: faster with cold weights than the former prefetcht0 8 KB ahead, most at several rows
+// into L1: faster with cold weights than prefetcht0 8 KB ahead, most at several rows
 // (docs/measurements/2026-12-03-prefetch.md)
 constexpr int64_t kFarPrefetchBytes = 16384;
 

@@ -1,7 +1,7 @@
 // keel/csrc/ops/vec_sum.h
 // Horizontal sums of fp32 vectors in ONE fixed tree, shared by the GEMV kernels (linear_cpu.cpp,
 // fp8_linear_cpu.cpp): every output of a kernel ends with the same lane sum whichever helper computes it,
-// so a row's bits do not depend on how many outputs are reduced together (issue 27).
+// so a row's bits do not depend on how many outputs are reduced together.
 //   hsum8(v)   = ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7))
 //   hsum16(v)  = hsum8 of (v[0:8] + v[8:16])
 //   hsum16x4(a, b, c, d): lane j = hsum16 of the j-th vector, four at once (about a third of the
