@@ -168,9 +168,11 @@ def split_projections(llm: object, repeats: int = 10) -> dict:
     import torch
     from keel_dev.timing import best_times
 
-    from keel.layers.linear import projection
-    from keel.ops.layer import project
-
+    try:
+        from keel.layers.linear import projection
+        from keel.ops.layer import project
+    except ImportError:  # a keel tree (--keel-trees) from before the fused layer ops
+        return {}
     runner = llm.llm_engine.runner  # type: ignore[attr-defined]
     mods = []
     for layer in runner.model.model.layers:
