@@ -15,8 +15,9 @@ reports ms per token and the GB/s of weight bytes it implies. Peers in the same 
 round by round, best of --rounds: `keel-fp8` (keel.ops.fp8_linear, e4m3 weights with 1x128 scales and, as
 Fp8Linear passes them, their special rows found once),
 `keel-bf16` (keel.ops.linear) and `torch-bf16` (torch.nn.functional.linear, oneDNN). A memory copy of
-the same bf16 bytes gives the machine's streaming rate for reference. The machine is shared: read the
-ratios of one run.
+the same bf16 bytes gives the machine's streaming rate for reference, and keel_dev.bandwidth's read (torch.sum over
+1 GiB at each thread count, after the peers) the limit each keel peer's GB/s is a share of. The machine is shared:
+read the ratios of one run.
 
 Random weights by default; `--checkpoint DIR` takes a Llama-family checkpoint's own (model.safetensors: q/k/v
 and gate/up fused as keel fuses them, the lm_head or the tied embedding), whose FP8 bytes hold what real
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from keel_dev.bandwidth import read_bandwidth
 from keel_dev.timing import best_times, cpu_name
 
 import keel  # noqa: F401  (loads keel's ops)
@@ -132,6 +134,7 @@ def main() -> None:
           f"{bytes_fp8 / 1e6:.0f} MB fp8, {args.rows} row(s) of x, "
           f"best of {args.rounds} alternated rounds")  # fmt: skip
     names = ["fp8/bf16", "keel-bf16/torch-bf16"] + (["huge/plain fp8", "huge/plain bf16"] if args.huge_pages else [])
+    names += ["read GB/s", "keel-bf16 share", "keel-fp8 share"]
     print("| threads | " + " | ".join(f"{n} ms (GB/s)" for n in peers) + " | " + " | ".join(names) + " |")
     print("|---|" + "---|" * (len(peers) + len(names)))
     for threads in args.threads:
@@ -143,7 +146,11 @@ def main() -> None:
         ratios = [best["keel-bf16"] / best["keel-fp8"], best["torch-bf16"] / best["keel-bf16"]]
         if args.huge_pages:  # > 1: the huge-page copy of the weights is faster
             ratios += [best["keel-fp8"] / best["keel-fp8-huge"], best["keel-bf16"] / best["keel-bf16-huge"]]
-        print(f"| {threads} | " + " | ".join(cells) + " | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+        bw = read_bandwidth(threads)  # the limit at this thread count, measured in the same run
+        shares = [f"{bw:.1f}", *(f"{nbytes / best[n] / 1e9 / bw:.0%}" for n, nbytes in
+                                 (("keel-bf16", bytes_bf16), ("keel-fp8", bytes_fp8)))]  # fmt: skip
+        print(f"| {threads} | " + " | ".join(cells) + " | " + " | ".join(f"{r:.2f}x" for r in ratios) + " | "
+              + " | ".join(shares) + " |")  # fmt: skip
 
 
 if __name__ == "__main__":
