@@ -53,9 +53,9 @@ def healthy(base: str) -> bool:
 @pytest.fixture(scope="module")
 def trusted(tiny_model: Path) -> Iterator[Served]:
     """A server whose operator allows request chat templates, with short limits for the tests."""
-    from keel.entrypoints.openai.api_server import ServerLimits
+    from keel.entrypoints.openai.server_config import ServerConfig
 
-    limits = ServerLimits(
+    limits = ServerConfig(
         max_tokens=512,
         template_timeout_s=2.0,
         send_timeout_s=1.0,

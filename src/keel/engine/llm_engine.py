@@ -19,11 +19,12 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from keel.engine import host_memory
-from keel.engine.config import DEFAULTS, EngineConfig
+from keel.engine.config import EngineConfig
 from keel.engine.dtypes import resolve_dtype
 from keel.engine.errors import RequestValidationError
 from keel.engine.model_loader import load_model
@@ -47,37 +48,9 @@ class LLMEngine:
     """A loaded model, its tokenizer, the model runner (and the K/V tensors) and the scheduler (and the
     KV-cache bookkeeping)."""
 
-    def __init__(
-        self,
-        model: str = DEFAULTS.model,
-        *,
-        dtype: str | torch.dtype | None = DEFAULTS.dtype,
-        device: str | None = DEFAULTS.device,
-        revision: str | None = DEFAULTS.revision,
-        block_size: int = DEFAULTS.block_size,
-        max_num_seqs: int = DEFAULTS.max_num_seqs,
-        max_kv_cache_bytes: int = DEFAULTS.max_kv_cache_bytes,
-        max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens,
-        enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching,
-        progress: bool = DEFAULTS.progress,
-        cpu_prepack: bool = DEFAULTS.cpu_prepack,
-        quantization: str | None = DEFAULTS.quantization,
-    ) -> None:
-        """The arguments are `EngineConfig`'s fields (validated there first; see `from_config`)."""
-        cfg = self.engine_config = EngineConfig(
-            model=model,
-            dtype=dtype,
-            device=device,
-            revision=revision,
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
-            max_kv_cache_bytes=max_kv_cache_bytes,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            progress=progress,
-            cpu_prepack=cpu_prepack,
-            quantization=quantization,
-        )
+    def __init__(self, model: str | None = None, **settings: Any) -> None:
+        """`settings` are `EngineConfig`'s fields, validated there before anything is resolved or loaded."""
+        cfg = self.engine_config = EngineConfig.of("LLMEngine", model, **settings)
         host_memory.wanted()  # an unknown KEEL_HUGE_PAGES is refused before anything is read or loaded
         self.model_id = cfg.model
         self.folder = resolve_model(cfg.model, cfg.revision)

@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,50 +38,11 @@ from keel.entrypoints.openai.errors import APIError, install_handlers, log
 from keel.entrypoints.openai.models.api_router import router as models_router
 from keel.entrypoints.openai.openapi import install_openapi
 from keel.entrypoints.openai.readiness import start_warm_up
+from keel.entrypoints.openai.server_config import ServerConfig
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
 from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, metrics_registry, render_prometheus
 from keel.entrypoints.openai.tokenize.api_router import router as tokenize_router
 from keel.structured.grammar import GrammarLimits
-
-
-@dataclass(slots=True)
-class ServerLimits:
-    """Admission and size limits of the HTTP layer."""
-
-    max_body_bytes: int = 1 << 20
-    max_tokens: int = 4096  # per request (max_tokens / max_completion_tokens)
-    max_waiting: int = 256  # requests queued beyond the engine's running batch before 503
-    max_model_len: int | None = None  # prompt + completion tokens; None: the model's context
-    # what one client may hold: a stalled write, slow headers or body, an idle connection, connections in all
-    send_timeout_s: float = 30.0  # a response write that stalls longer (client not reading) ends it
-    header_timeout_s: float = 10.0  # from connection (or the previous response) to complete request headers
-    body_timeout_s: float = 30.0  # from the first body read to the last
-    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 1024  # open connections and requests; more get 503
-    max_header_bytes: int = 64 * 1024  # request line and headers
-    # native parsers and templates, which run in workers with these bounds
-    template_timeout_s: float = 5.0  # one chat template render (its worker process is killed past it)
-    template_workers: int = 2
-    grammar_timeout_s: float = 10.0  # a request waits this long for its grammar to compile
-
-    def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens", "max_connections", "max_header_bytes", "template_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ServerLimits: {name} must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "send_timeout_s",
-            "header_timeout_s",
-            "body_timeout_s",
-            "keep_alive_s",
-            "template_timeout_s",
-            "grammar_timeout_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ServerLimits: {name} must be > 0, got {getattr(self, name)}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"ServerLimits: max_model_len must be >= 2, got {self.max_model_len}")
-        if self.max_waiting < 0:
-            raise ValueError(f"ServerLimits: max_waiting must be >= 0, got {self.max_waiting}")
 
 
 def is_loopback(host: str) -> bool:
@@ -175,7 +135,7 @@ class Guard:
         self.app, self.api_key, self.max_body_bytes, self.serving = app, api_key, max_body_bytes, serving
         self.send_timeout_s, self.body_timeout_s = send_timeout_s, body_timeout_s
         self.num_send_timeouts = 0
-        self.limits = ServerLimits()  # build_app sets the server's: uvicorn's connection options come from it
+        self.limits = ServerConfig()  # build_app sets the server's: uvicorn's connection options come from it
         self.on_close: list[Any] = []  # called by close(): the template workers
 
     def close(self) -> None:
@@ -282,7 +242,7 @@ def build_app(
     *,
     model_name: str,
     api_key: str | None = None,
-    limits: ServerLimits | None = None,
+    limits: ServerConfig | None = None,
     trust_request_chat_template: bool = False,
     require_warm_up: bool = False,
 ) -> FastAPI:
@@ -292,7 +252,7 @@ def build_app(
     `require_warm_up` (what `keel serve` does) the app is not ready (`GET /v1/models` 503, code
     `not_ready`) until the engine has run a step: `run_server` sends a one-token request at start, so a
     readiness probe passes only once a request has really gone through the model."""
-    limits = limits or ServerLimits()
+    limits = limits or ServerConfig()
     check_api_key(api_key)
     llm = engine.engine
     context = llm.config.max_position_embeddings
@@ -455,10 +415,10 @@ def _header_timed_protocol(header_timeout_s: float) -> type:
 
 
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str) -> Any:
-    """uvicorn's Config for `app` (a `Guard`), its connection limits and timeouts from the app's ServerLimits."""
+    """uvicorn's Config for `app` (a `Guard`), its connection limits and timeouts from the app's ServerConfig."""
     import uvicorn
 
-    limits: ServerLimits = getattr(app, "limits", None) or ServerLimits()
+    limits: ServerConfig = getattr(app, "limits", None) or ServerConfig()
     return uvicorn.Config(
         app,
         host=host,
@@ -488,7 +448,7 @@ def run_server(app: Any, *, host: str, port: int, log_level: str, shutdown_timeo
     return 0
 
 
-def make_async_engine(build: Callable[[], Any], limits: ServerLimits, max_num_seqs: int) -> AsyncEngine:
+def make_async_engine(build: Callable[[], Any], limits: ServerConfig, max_num_seqs: int) -> AsyncEngine:
     """The server's engine, built by `build()` on its engine thread (AsyncEngine.start says why)."""
     return AsyncEngine.start(build, max_admitted=max_num_seqs + limits.max_waiting)
 
