@@ -28,15 +28,26 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
         if "env" in meta:
             default = os.environ.get(meta["env"], default)
         if isinstance(default, bool):
-            action = "store_false" if default else "store_true"
-            group.add_argument(flag, dest=f.name, action=action, default=default, help=meta["help"])
+            action, help_text = (
+                ("store_false", f"turn off: {meta['help']}") if default else ("store_true", meta["help"])
+            )
+            group.add_argument(flag, dest=f.name, action=action, default=default, help=help_text)
             continue
-        kind, shown = _scalar(hints[f.name]), default
+        kind, shown, metavar = _scalar(hints[f.name]), default, flag.removeprefix("--").replace("-", "_").upper()
         if "unit" in meta:
             unit, size = meta["unit"]
-            kind, shown = _in_units(unit, size), f"{default / size:g} {unit}"
+            kind, shown, metavar = _in_units(unit, size), f"{default / size:g} {unit}", unit
         help_text = meta["help"] if default is None or "env" in meta else f"{meta['help']} (default: {shown})"
-        group.add_argument(flag, dest=f.name, type=kind, default=default, choices=meta.get("choices"), help=help_text)
+        choices = meta.get("choices")
+        group.add_argument(
+            flag,
+            dest=f.name,
+            type=kind,
+            default=default,
+            choices=choices,
+            metavar=None if choices else metavar,
+            help=help_text,
+        )
 
 
 def from_flags(cls: type[T], args: argparse.Namespace) -> T:
