@@ -179,13 +179,10 @@ area engine 40 30 tests/engine/test_cuda_engine.py
 area server 40 30 tests/entrypoints/test_cuda_serve.py
 
 # benchmarks: each capped at 2/3 of its step, its JSON written after every case (benchmarks/cuda_cases.py)
-bench_script() {  # the benchmark's path, before or after the benchmarks/ move
-  if [ -f "benchmarks/$1.py" ]; then echo "benchmarks/$1.py"; else echo "scripts/bench_$1.py"; fi
-}
 BENCH=(--device cuda --time-cap 14 --json)
 [ "$MODE" = dry ] && BENCH=(--device cuda --dry-run --time-cap 14 --json)
 for b in gemm attention ops; do
-  PYTHONSAFEPATH= step "bench_$b" 22 "$PY" "$(bench_script "$b")" "${BENCH[@]}" "$OUT/bench_$b.json"
+  PYTHONSAFEPATH= step "bench_$b" 22 "$PY" "benchmarks/$b.py" "${BENCH[@]}" "$OUT/bench_$b.json"
 done
 
 # compute-sanitizer, time-boxed (a timeout is a note; an error it reports is a failure)

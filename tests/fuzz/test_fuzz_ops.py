@@ -1,4 +1,4 @@
-"""A small fixed-seed fuzz run of every op of every keel namespace (scripts/dev/fuzz_ops.py runs the big one):
+"""A small fixed-seed fuzz run of every op of every keel namespace (`python -m keel_dev.fuzz.ops` runs the big one):
 no crash, no hang, and every error names the op."""
 
 from __future__ import annotations

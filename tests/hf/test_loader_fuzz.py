@@ -1,4 +1,4 @@
-"""A small fixed sample of the loader fuzzer (scripts/dev/fuzz_loaders.py runs all of it, a few hundred mutations):
+"""A small fixed sample of the loader fuzzer (`python -m keel_dev.fuzz.loaders` runs all of it, a few hundred mutations):
 every mutated checkpoint loads, or fails with a keel error that names the file and the field."""
 
 from __future__ import annotations

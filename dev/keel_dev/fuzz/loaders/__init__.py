@@ -1,6 +1,6 @@
 """keel's loader fuzzer: mutate a real checkpoint (HF folder, GGUF file) and load each copy through keel's
 public path, in a worker process (harness.py). The mutations: mutations.py (HF folder), gguf_mutations.py
-over gguf_layout.py (GGUF file). scripts/dev/fuzz_loaders.py runs all of them; the suite a small sample."""
+over gguf_layout.py (GGUF file). `python -m keel_dev.fuzz.loaders` runs all of them; the suite a small sample."""
 
 from __future__ import annotations
 

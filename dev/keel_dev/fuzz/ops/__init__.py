@@ -1,4 +1,4 @@
-"""keel's op fuzzer: every op of every keel namespace, in child processes (scripts/dev/fuzz_ops.py runs it).
+"""keel's op fuzzer: every op of every keel namespace, in child processes (`python -m keel_dev.fuzz.ops` runs it).
 
 The ops are what the loaded libraries register (inventory.py); each case is a mutated valid call
 (examples.py, examples_vendored.py) or random arguments from the op's schema (cases.py), run in a

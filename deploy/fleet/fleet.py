@@ -1,7 +1,7 @@
 """A small serving fleet on one machine: `keel serve` replicas (processes) behind HAProxy with active health
 checks, continuous client traffic, and a rolling restart of the replicas onto another environment (another
-torch under the same keel files) while the traffic runs. Used by deploy/fleet/rolling_upgrade.py and the
-suite's small roll (tests/fleet/test_rolling_upgrade.py)."""
+torch under the same keel files) while the traffic runs. Used by deploy/fleet/rolling_upgrade.py (a script
+beside it: it imports this module as `fleet`) and the suite's small roll (tests/entrypoints/test_rolling_upgrade.py)."""
 
 from __future__ import annotations
 
