@@ -27,8 +27,9 @@ _LITERALS = re.compile(
     re.VERBOSE,
 )
 _NOT_NEWLINE = re.compile(r"[^\n]")
-# a directive: '#' first on a line (after blanks), its name, and the rest of the logical line
-_DIRECTIVE = re.compile(r"^[ \t]*(?:#|%:)[ \t]*(\w*)((?:[^\n\\]|\\\r?\n|\\)*)", re.MULTILINE)
+# a directive: '#' first on a line (after blanks), its name, and the rest of the logical line; the
+# search starts at the '#' (a literal the engine finds fast), the blanks before it are checked after
+_DIRECTIVE = re.compile(r"(?:#|%:)[ \t]*(\w*)((?:[^\n\\]+|\\\r?\n|\\)*)")
 
 
 def mask(text: str) -> str:
@@ -66,25 +67,43 @@ class Directive:
 
 def directives(masked: str) -> list[Directive]:
     """Every directive of a blanked file, in order."""
-    return [Directive(m.group(1), m.group(2), m.start(), m.start(2), m.end()) for m in _DIRECTIVE.finditer(masked)]
+    out: list[Directive] = []
+    pos = 0
+    while True:
+        m = _DIRECTIVE.search(masked, pos)
+        if m is None:
+            return out
+        line_start = masked.rfind("\n", 0, m.start()) + 1
+        if masked[line_start : m.start()].strip(" \t"):
+            pos = m.start() + 1  # a '#' inside a line: stringizing or pasting in a macro body
+            continue
+        out.append(Directive(m.group(1), m.group(2), line_start, m.start(2), m.end()))
+        pos = m.end()
 
 
 class LineIndex:
-    """Offsets of a text to 1-based (line, column); a column counts characters (code points)."""
+    """Offsets of a text to 1-based (line, column); a column counts characters (code points). The
+    line starts are found on the first question (most files of a stable project have no finding)."""
 
     def __init__(self, text: str) -> None:
-        self._starts = [0]
-        self._starts.extend(m.end() for m in re.finditer("\n", text))
+        self._text = text
+        self._starts: list[int] | None = None
+
+    def _lines(self) -> list[int]:
+        if self._starts is None:
+            starts, pos = [0], 0
+            for length in map(len, self._text.split("\n")):
+                pos += length + 1
+                starts.append(pos)
+            self._starts = starts[:-1]
+        return self._starts
 
     def position(self, offset: int) -> tuple[int, int]:
         """(line, column) of `offset`."""
-        line = bisect.bisect_right(self._starts, offset)
-        return line, offset - self._starts[line - 1] + 1
+        starts = self._lines()
+        line = bisect.bisect_right(starts, offset)
+        return line, offset - starts[line - 1] + 1
 
     def line_start(self, line: int) -> int:
         """Offset of the first character of 1-based `line`."""
-        return self._starts[line - 1]
-
-    @property
-    def lines(self) -> int:
-        return len(self._starts)
+        return self._lines()[line - 1]

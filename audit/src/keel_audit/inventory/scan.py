@@ -12,26 +12,39 @@ from .knowledge import BASELINE, Api, Knowledge, Rule, Version
 from .lexer import LineIndex, directives, mask
 from .preproc import Regions, regions
 
-_QUALIFIED = re.compile(r"(?<![\w:.$])(?:::\s*)?((?:at|c10|torch|caffe2)(?:\s*::\s*~?[A-Za-z_]\w*)+)")
-_STABLE_IDENT = re.compile(
-    r"(?<![\w$.:])((?:STABLE_|STD_|THO_)\w+|TORCH_BOX|TORCH_ERROR_CODE_CHECK|TORCH_DYNAMIC_VERSION_CALL\w*"
-    r"|aoti_torch_\w+|torch_\w+)(?![\w$])"
-)
-_MEMBER_CALL = re.compile(r"[.>]\s*([A-Za-z_]\w*)\s*[<(]")
+# Each matcher starts with literal text, which the regex engine finds fast; what must come before a
+# match (not an identifier character, not `.`/`->`/`::`) is checked on the few hits (_free_before).
+_QUALIFIED = re.compile(r"(?:at|c10|torch|caffe2)::(?:\s*~?[A-Za-z_]\w*\s*::)*\s*~?[A-Za-z_]\w*")
+_MACRO_LIKE = re.compile(r"(?:TORCH_|AT_|C10_|PYBIND11_|STABLE_|STD_|THO_|aoti_torch_|torch_)\w*")
 _INCLUDE = re.compile(r"\s*([<\"])([^>\"\n]+)[>\"]")
 _DEFINE_HEAD = re.compile(r"\s*([A-Za-z_]\w*)(\([^)\n]*\))?")
-_USING_NS = re.compile(r"\busing\s+namespace\s+(?:::\s*)?(at|torch|c10)\s*;")
-_USING_DECL = re.compile(r"\busing\s+(?:::\s*)?(at|torch|c10)\s*::\s*([A-Za-z_]\w*)\s*;")
-_TENSOR_ALIAS = re.compile(r"\busing\s+Tensor\s*=\s*(?:::\s*)?(?:at|torch)\s*::\s*Tensor\b")
-_TENSOR_DECL = re.compile(
-    r"(?<![\w:])((?:(?:at|torch)\s*::\s*)?)Tensor\s*(?:const\b\s*)?[&*]{0,2}\s*(?:const\b\s*)?([A-Za-z_]\w*)\s*(?=[,)=;{\[(])"
-)
-_USING_TENSOR = re.compile(r"\busing\s+(?:::\s*)?(?:at|torch)\s*::\s*Tensor\s*;")
+_USING_NS = re.compile(r"using\s+namespace\s+(?:::\s*)?(at|torch|c10)\s*;")
+_USING_DECL = re.compile(r"using\s+(?:::\s*)?(at|torch|c10)\s*::\s*([A-Za-z_]\w*)\s*;")
+_TENSOR_ALIAS = re.compile(r"using\s+Tensor\s*=\s*(?:::\s*)?(?:at|torch)\s*::\s*Tensor\b")
+_TENSOR = re.compile(r"Tensor\b")
+_DECLARATOR = re.compile(r"\s*(?:const\b\s*)?[&*]{0,2}\s*(?:const\b\s*)?([A-Za-z_]\w*)\s*(?=[,)=;{\[(])")
+_QUALIFIER = re.compile(r"(\w+)\s*::\s*$")
+_USING_TENSOR = re.compile(r"using\s+(?:::\s*)?(?:at|torch)\s*::\s*Tensor\s*;")
 _KEYWORDS = frozenset(
     {"const", "operator", "return", "else", "case", "throw", "delete", "new", "goto", "co_return", "sizeof"}
 )
 _NOT_TYPES = frozenset({"typename", "class", "struct", "using", "namespace", "template", "decltype"})
 _NOT_NEWLINE = re.compile(r"[^\n]")
+
+
+def _free_before(code: str, start: int, member: bool = True) -> bool:
+    """No identifier character before `start`, nor `::` of an enclosing name, nor (with `member`)
+    the `.` or `->` of a member access."""
+    if start == 0:
+        return True
+    ch = code[start - 1]
+    if ch.isalnum() or ch in "_$":
+        return False
+    if ch == ":" and start >= 2 and code[start - 2] == ":":  # `::at::X` is global; `ns::at::X` is not torch
+        return start < 3 or not (code[start - 3].isalnum() or code[start - 3] in "_>")
+    if member and (ch == "." or (ch == ">" and start >= 2 and code[start - 2] == "-")):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -129,14 +142,12 @@ class Scanner:
 
     def __init__(self, know: Knowledge) -> None:
         self.know = know
-        exact = sorted(know.macros, key=len, reverse=True)
-        prefixes = [re.escape(p) + r"\w+" for p in know.macro_prefixes]
-        self._macro = re.compile(r"(?<![\w$])(" + "|".join([*map(re.escape, exact), *prefixes]) + r")(?![\w$])")
         self._guarded_members = {
             m: know.api[f"torch::stable::Tensor::{m}"]
             for m in know.tensor_members
             if f"torch::stable::Tensor::{m}" in know.api and know.api[f"torch::stable::Tensor::{m}"].target
         }
+        self._members = re.compile("|".join(sorted(self._guarded_members, key=len, reverse=True)) + r"(?=\s*[<(])")
         self._unqualified: dict[str, dict[str, str]] = {}
         for key in know.names:
             ns, _, rest = key.partition("::")
@@ -144,7 +155,7 @@ class Scanner:
                 self._unqualified.setdefault(ns, {})[rest] = key
         factories = "|".join(map(re.escape, sorted(know.factories)))
         self._factory = re.compile(
-            r"\bauto\s*&{0,2}\s*([A-Za-z_]\w*)\s*=\s*(?:::\s*)?(?:at|torch)\s*::\s*(?:" + factories + r")\s*\("
+            r"auto\s*&{0,2}\s*([A-Za-z_]\w*)\s*=\s*(?:::\s*)?(?:at|torch)\s*::\s*(?:" + factories + r")\s*\("
         )
 
     def scan(self, text: str, project_macros: frozenset[str] = frozenset()) -> FileScan:
@@ -157,8 +168,7 @@ class Scanner:
         out = FileScan()
         self._directives(text, dirs, spans, lines, out)
         self._qualified(code, lines, guards, out)
-        self._macros(code, lines, out, project_macros)
-        self._stable_idents(code, guards, out)
+        self._identifiers(code, lines, guards, out, project_macros)
         self._unqualified_names(code, lines, out)
         self._methods(code, lines, guards, out)
         out.findings.sort(key=lambda f: (f.line, f.col))
@@ -195,8 +205,9 @@ class Scanner:
 
     def _qualified(self, code: str, lines: LineIndex, guards: _Guards, out: FileScan) -> None:
         for m in _QUALIFIED.finditer(code):
-            name = re.sub(r"\s+", "", m.group(1))
-            root = name.split("::", 1)[0]
+            if not _free_before(code, m.start()):
+                continue
+            name = re.sub(r"\s+", "", m.group())
             if name.startswith(("torch::stable::", "torch::headeronly::")):
                 self._use(name, self.know.stable_api(name), guards.at(m.start()), out)
                 continue
@@ -204,12 +215,12 @@ class Scanner:
                 out.torch = True
                 continue
             found = self.know.name_rule(name)
-            if found is None or root not in ("at", "c10", "torch", "caffe2"):
+            if found is None:
                 continue
             rule, prefix = found
-            end = m.start(1) + _span_of(code, m.start(1), prefix)
-            line, col = lines.position(m.start(1))
-            out.findings.append(Finding(line, col, "name", name, rule, m.start(1), end))
+            end = m.start() + _span_of(code, m.start(), prefix)
+            line, col = lines.position(m.start())
+            out.findings.append(Finding(line, col, "name", name, rule, m.start(), end))
 
     def _use(self, name: str, api: Api | None, guard: Version | None, out: FileScan) -> None:
         """Record a stable use; one under a feature guard at least as new as it needs adds nothing."""
@@ -222,27 +233,33 @@ class Scanner:
         if known is None or (api.target or BASELINE) > (known.target or BASELINE):
             out.uses[name] = api
 
-    def _macros(self, code: str, lines: LineIndex, out: FileScan, project_macros: frozenset[str]) -> None:
-        for m in self._macro.finditer(code):
-            name = m.group(1)
-            if name in project_macros or name in out.defines:
-                continue  # the project's own macro of that name: its body is scanned where it is defined
+    def _identifiers(
+        self, code: str, lines: LineIndex, guards: _Guards, out: FileScan, project_macros: frozenset[str]
+    ) -> None:
+        """Unstable macros (TORCH_CHECK, AT_DISPATCH_*, ...) and stable macros and shim functions."""
+        for m in _MACRO_LIKE.finditer(code):
+            name = m.group()
+            if not _free_before(code, m.start()):
+                continue
+            api = self.know.api.get(name)
+            if api is not None:
+                self._use(name, api, guards.at(m.start()), out)
+                continue
             rule = self.know.macros.get(name)
             if rule is None:
-                rule = next(r for p, r in self.know.macro_prefixes.items() if name.startswith(p))
-            line, col = lines.position(m.start(1))
-            out.findings.append(Finding(line, col, "macro", name, rule, m.start(1), m.end(1)))
-
-    def _stable_idents(self, code: str, guards: _Guards, out: FileScan) -> None:
-        for m in _STABLE_IDENT.finditer(code):
-            api = self.know.api.get(m.group(1))
-            if api is not None:
-                self._use(m.group(1), api, guards.at(m.start()), out)
+                rule = next((r for p, r in self.know.macro_prefixes.items() if name.startswith(p)), None)
+            if rule is None or name in project_macros or name in out.defines:
+                continue  # not torch's, or the project's own macro of that name (its body is scanned)
+            line, col = lines.position(m.start())
+            out.findings.append(Finding(line, col, "macro", name, rule, m.start(), m.end()))
         if self._guarded_members:
-            for m in _MEMBER_CALL.finditer(code):
-                api = self._guarded_members.get(m.group(1))
-                if api is not None:
-                    self._use(f"torch::stable::Tensor::{m.group(1)}", api, guards.at(m.start()), out)
+            for m in self._members.finditer(code):
+                i = m.start() - 1
+                while i >= 0 and code[i].isspace():
+                    i -= 1
+                if i >= 0 and code[i] in ".>":
+                    api = self._guarded_members[m.group()]
+                    self._use(f"torch::stable::Tensor::{m.group()}", api, guards.at(m.start()), out)
 
     def _unqualified_names(self, code: str, lines: LineIndex, out: FileScan) -> None:
         """Type names and constants used without qualification after `using namespace at;` (or
@@ -270,18 +287,21 @@ class Scanner:
         """Members of at::Tensor that torch::stable::Tensor lacks, called on a variable whose nearest
         declaration before the call gives it an unstable tensor type (at::Tensor, torch::Tensor, or
         Tensor after `using namespace at;`, or `auto x = at::empty(...)`)."""
-        unqualified = bool(re.search(r"\busing\s+namespace\s+(?:::\s*)?(?:at|torch)\s*;", code))
-        unqualified = unqualified or bool(_TENSOR_ALIAS.search(code) or _USING_TENSOR.search(code))
-        tensors = {m.group(2) for m in _TENSOR_DECL.finditer(code) if m.group(1) or unqualified}
-        tensors |= {m.group(1) for m in self._factory.finditer(code)}
-        tensors -= _KEYWORDS
+        unqualified = "using" in code and bool(
+            re.search(r"using\s+namespace\s+(?:::\s*)?(?:at|torch)\s*;", code)
+            or _TENSOR_ALIAS.search(code)
+            or _USING_TENSOR.search(code)
+        )
+        decls = _tensor_declarations(code, unqualified)
+        decls += [(m.start(), m.group(1), True) for m in self._factory.finditer(code) if _free_before(code, m.start())]
+        tensors = {name for _, name, tensor in decls if tensor} - _KEYWORDS
         if not tensors:
             return
         receivers = "|".join(map(re.escape, sorted(tensors, key=len, reverse=True)))
-        declared = _Declarations(code, receivers, unqualified, self._factory)
-        call = re.compile(r"(?<![\w$.>])(" + receivers + r")\s*(?:\.|->)\s*([A-Za-z_]\w*)\s*(<[^;{}()]*?>\s*)?\(")
+        declared = _Declarations(code, receivers, decls)
+        call = re.compile(r"(" + receivers + r")\s*(?:\.|->)\s*([A-Za-z_]\w*)\s*(<[^;{}()]*?>\s*)?\(")
         for m in call.finditer(code):
-            if not declared.is_tensor(m.group(1), m.start()):
+            if not _free_before(code, m.start()) or not declared.is_tensor(m.group(1), m.start()):
                 continue
             method, template = m.group(2), m.group(3)
             rule = self.know.methods.get(method + "<") if template else None
@@ -293,37 +313,67 @@ class Scanner:
             out.findings.append(Finding(line, col, "method", f"{m.group(1)}.{method}", rule, m.start(1), m.end(2)))
 
 
-class _Declarations:
-    """Declarations of some names in a file, in order: which are unstable tensors."""
+def _tensor_declarations(code: str, unqualified: bool) -> list[tuple[int, str, bool]]:
+    """(offset, name, unstable?) of every `Tensor NAME` declarator: at::Tensor and torch::Tensor are
+    unstable, a bare Tensor only where the file brings at's or torch's into scope."""
+    out = []
+    for m in _TENSOR.finditer(code):
+        if m.start() and (code[m.start() - 1].isalnum() or code[m.start() - 1] in "_$"):
+            continue
+        decl = _DECLARATOR.match(code, m.end())
+        if decl is None:
+            continue
+        qualifier = _QUALIFIER.search(code, max(0, m.start() - 24), m.start())
+        tensor = qualifier.group(1) in ("at", "torch") if qualifier else unqualified
+        out.append((m.start(), decl.group(1), tensor))
+    return out
 
-    def __init__(self, code: str, names: str, unqualified: bool, factory: re.Pattern[str]) -> None:
-        pattern = re.compile(
-            r"(?:\b([A-Za-z_]\w*)|(>))\s*(?:const\b\s*)?[&*]{0,2}\s*(?:const\b\s*)?(?<![\w$])("
-            + names
-            + r")\s*(?=[,)=;{\[(:])"
-        )
-        self.by_name: dict[str, tuple[list[int], list[bool]]] = {}
-        for m in pattern.finditer(code):
-            type_word = m.group(1)
-            if type_word in _KEYWORDS or type_word in _NOT_TYPES:
+
+class _Declarations:
+    """Declarations of some names in a file, in order: which are unstable tensors. A declaration of
+    another type (`vec_op::INT8Vec64 data(...)`) shadows a tensor of that name from there on."""
+
+    def __init__(self, code: str, names: str, tensors: list[tuple[int, str, bool]]) -> None:
+        self.by_name: dict[str, list[tuple[int, bool]]] = {}
+        for offset, name, tensor in tensors:
+            self.by_name.setdefault(name, []).append((offset, tensor))
+        for m in re.finditer(r"(?:" + names + r")(?=\s*[,)=;{\[(:])", code):
+            if not _free_before(code, m.start()) or (m.end() < len(code) and code[m.end()].isalnum()):
                 continue
-            tensor = False
-            if type_word == "Tensor":
-                qualifier = re.search(r"(\w+)\s*::\s*$", code[max(0, m.start() - 24) : m.start()])
-                tensor = qualifier.group(1) in ("at", "torch") if qualifier else unqualified
-            elif type_word == "auto":
-                tensor = factory.match(code, m.start()) is not None
-            starts, kinds = self.by_name.setdefault(m.group(3), ([], []))
-            starts.append(m.start())
-            kinds.append(tensor)
+            word = _type_before(code, m.start())
+            if word and word not in _KEYWORDS and word not in _NOT_TYPES and word not in ("Tensor", "auto"):
+                self.by_name.setdefault(m.group(), []).append((m.start(), False))
+        for entries in self.by_name.values():
+            entries.sort()
 
     def is_tensor(self, name: str, offset: int) -> bool:
         """Whether the nearest declaration of `name` before `offset` (else the first one) is a tensor."""
-        starts, kinds = self.by_name.get(name, ([], []))
-        if not starts:
+        entries = self.by_name.get(name, [])
+        if not entries:
             return False
-        i = bisect.bisect_right(starts, offset) - 1
-        return kinds[max(i, 0)]
+        i = bisect.bisect_right(entries, (offset, True)) - 1
+        return entries[max(i, 0)][1]
+
+
+def _type_before(code: str, pos: int) -> str | None:
+    """The word (or '>') a declarator at `pos` follows, past `&`, `*` and `const`; None when the
+    token before is anything else (an operator, a comma: not a declaration)."""
+    i = pos - 1
+    while True:
+        while i >= 0 and (code[i].isspace() or code[i] in "&*"):
+            i -= 1
+        if i < 0:
+            return None
+        if code[i] == ">":
+            return ">"
+        j = i
+        while j >= 0 and (code[j].isalnum() or code[j] == "_"):
+            j -= 1
+        word = code[j + 1 : i + 1]
+        if word == "const":
+            i = j
+            continue
+        return word or None
 
 
 def _span_of(code: str, start: int, prefix: str) -> int:
