@@ -1,5 +1,5 @@
 """Hostile inputs of keel-audit built small on disk (sparse files, repeated deflate blocks, overlapping
-zip entries), and a runner that measures a keel-audit child's peak RSS (issue 26, item 6).
+zip entries), and a runner that measures a keel-audit child's peak RSS.
 
 Every builder writes into a folder the test gives (tmp_path) and allocates no more than a few MB;
 the inputs they describe are GBs once inflated or read whole.
@@ -21,7 +21,7 @@ import keel_audit
 
 GIB = 1 << 30
 MIB = 1 << 20
-RSS_LIMIT = GIB  # the bound issue 26 sets for every hostile input
+RSS_LIMIT = GIB  # the bound on every hostile input
 PT_DYNAMIC = 2
 
 

@@ -1,4 +1,4 @@
-"""keel-audit stays under 1 GB of RSS and exits 2 on every hostile input of issue 26 (item 6).
+"""keel-audit stays under 1 GB of RSS and exits 2 on every hostile input.
 
 Each case runs keel-audit in a child process (hostile_inputs.run_audit: killed if it passes the
 bound, peak RSS from wait4) on an input built small in tmp_path: overlapping zip entries, many

@@ -30,3 +30,10 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     rest = env.get("PYTHONPATH")
     env["PYTHONPATH"] = SEARCH_PATH + (os.pathsep + rest if rest else "")
     return env
+
+
+def keel_source(tree: str | Path) -> str:
+    """The folder that makes `import keel` take the checkout `tree` when first on PYTHONPATH: its `src/` (the
+    src layout; native libraries built there in place) or, for a checkout from before that layout, `tree`."""
+    tree = Path(tree).resolve()
+    return str(tree / "src" if (tree / "src" / "keel").is_dir() else tree)

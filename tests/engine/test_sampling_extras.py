@@ -1,5 +1,5 @@
-"""Issue 18's engine side on the tiny checkpoints (fp32): logprobs and prompt logprobs against the model's
-own logits and transformers', scoring requests, min_tokens / stop_token_ids / bias / allowed / bad words /
+"""The sampling extras on the engine side, on the tiny checkpoints (fp32): logprobs and prompt logprobs against the
+model's own logits and transformers', scoring requests, min_tokens / stop_token_ids / bias / allowed / bad words /
 special tokens through the engine, and n / best_of."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The project's own probe (benchmarks/probe/serve.py) on a sample of issue 26's hostile cases, and a bounded
+"""The project's own probe (benchmarks/probe/serve.py) on a sample of its hostile cases, and a bounded
 schemathesis pass over keel serve's OpenAPI document (fixed seed, small example count): 0 failures."""
 
 from __future__ import annotations

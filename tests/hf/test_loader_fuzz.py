@@ -50,7 +50,7 @@ def test_tiny_checkpoint_sample_has_no_defects(tiny_hf, tiny_gguf, tmp_path):
     assert not report.defects, report.summary()
 
 
-# mutations of the real SmolLM2 files that once gave unclear errors (issue 16) or allocated before failing
+# mutations of the real SmolLM2 files that once gave unclear errors or allocated before failing
 REAL = (
     "config.json:vocab_size=huge",
     "config.json:num_hidden_layers=huge",

@@ -182,8 +182,8 @@ def test_half_precision_logits_calls_do_not_leak_into_each_other():
 
 
 def test_tiny_temperatures_are_greedy_and_a_tiny_top_p_keeps_the_top_token():
-    """issue 26: temperature 1e-40 (0 in float32) or 5e-324 made the probabilities NaN and multinomial
-    raised; below SAMPLING_EPS a row is greedy. A top_p below float32's smallest value keeps the top token."""
+    """Temperature 1e-40 (0 in float32) or 5e-324 would make the probabilities NaN; below SAMPLING_EPS a row
+    is greedy. A top_p below float32's smallest value keeps the top token."""
     torch.manual_seed(0)
     logits = torch.randn(4, 50) * 4
     params = [P(temperature=5e-324), P(temperature=1e-40), P(temperature=1.0, top_p=1e-46), P(temperature=1e-6)]

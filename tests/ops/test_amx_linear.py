@@ -2,7 +2,7 @@
 
 On a CPU with AMX, every bf16 call takes the tile kernel, decode rows included (x packed into the B-tile layout,
 the weight read in place as the A operand): one summation order per process, so a row's bits do not depend on
-the call's row count (issue 27; tests/ops/test_row_independence.py checks every row count at every level). Checked against the fp64
+the call's row count (tests/ops/test_row_independence.py checks every row count at every level). Checked against the fp64
 product with linear's bounds (fp32 accumulation, one rounding), with tails in every dimension, around the row
 threshold, with bias, strided x, nan/inf inputs; results must not depend on the thread count or on which
 other rows share the call, and must differ from the AVX-512 path (so the AMX path is what ran). Without AMX

@@ -156,7 +156,7 @@ def test_outputs_do_not_depend_on_how_rows_are_split(k):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rows_do_not_depend_on_the_batch(dtype):
-    # issue 27: the same x row gives the same bits alone, in a decode call (1-4 rows) and in a 45-row call (a
+    # the same x row gives the same bits alone, in a decode call (1-4 rows) and in a 45-row call (a
     # second 32-row pass), on the GEMV and on AMX alike (bf16 on an AMX CPU runs every call there); every row
     # count at every level: tests/ops/test_row_independence.py
     q, s = quantize(torch.randn(70, 576))

@@ -5,7 +5,7 @@ NaN) and multiplied on AMX tiles per 128-wide K block, whose fp32 sum is scaled 
 to the running total. Checked against the fp64 product of x and the dequantized weight with
 test_fp8_linear.py's bound (relative to the sum of |terms|) and one rounding; tails in m, n and k, both scale
 layouts, bias, subnormal / zero / NaN bytes, non-finite x, strided x; bits must not depend on the thread
-count, the row count or the other rows of the call (issue 27: decode rows run here too, one summation order per
+count, the row count or the other rows of the call (decode rows run here too, one summation order per
 process), and differ from the AVX-512 GEMV's (so the AMX path is what ran), while fp32 / fp16 x stay on the GEMV.
 Without AMX the reference checks run the GEMV.
 """
