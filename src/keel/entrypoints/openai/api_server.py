@@ -272,10 +272,13 @@ def build_app(
     templates = TemplateRenderer(
         workers=limits.template_workers,
         timeout_s=limits.template_timeout_s,
+        memory_mib=limits.template_memory_mib,
         max_output_chars=max(1 << 20, 16 * cfg.max_model_len),
     )
-    serving = OpenAIServing(engine, llm.tokenizer, cfg, templates)
-    serving.grammar_limits = GrammarLimits(compile_timeout_s=limits.grammar_timeout_s)
+    serving = OpenAIServing(engine, llm.tokenizer, cfg, templates, tokenizer_threads=limits.tokenizer_threads)
+    serving.grammar_limits = GrammarLimits(
+        compile_timeout_s=limits.grammar_timeout_s, workers=limits.grammar_workers, memory_mib=limits.grammar_memory_mib
+    )
     app.state.engine, app.state.serving, app.state.started = engine, serving, int(time.time())
     app.state.ready, app.state.warm_up = not require_warm_up, None
     app.state.completion, app.state.chat = OpenAIServingCompletion(serving), OpenAIServingChat(serving)
@@ -307,7 +310,7 @@ def build_app(
         body_timeout_s=limits.body_timeout_s,
     )
     guard.limits = limits
-    guard.on_close.append(serving.templates.close)
+    guard.on_close.append(serving.close)
     return guard  # type: ignore[return-value]
 
 

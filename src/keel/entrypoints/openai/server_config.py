@@ -51,7 +51,13 @@ class ServerConfig:
         5.0, "seconds one chat template render may take (its worker is killed past it)", flag="--chat-template-timeout"
     )
     template_workers: int = setting(2, "worker processes that render chat templates")
-    grammar_timeout_s: float = setting(10.0, "seconds a request waits for its grammar to compile")
+    template_memory_mib: int = setting(512, "MiB of address space a chat template worker may use above its start")
+    grammar_timeout_s: float = setting(
+        10.0, "seconds a request waits for its grammar to compile (its compile worker is killed then)"
+    )
+    grammar_workers: int = setting(2, "worker processes that compile grammars, regexes and JSON schemas")
+    grammar_memory_mib: int = setting(512, "MiB of address space a grammar compile worker may use above its start")
+    tokenizer_threads: int = setting(1, "threads that tokenize prompts (off the event loop and the engine thread)")
     shutdown_timeout_s: float = setting(
         30.0,
         "on SIGTERM / SIGINT: seconds running requests get to finish; streams still open then end with an "
@@ -60,8 +66,18 @@ class ServerConfig:
     log_level: str = setting("info", "uvicorn's log level", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens", "max_connections", "max_header_bytes", "template_workers"):
+        for name in (
+            "max_body_bytes",
+            "max_tokens",
+            "max_connections",
+            "max_header_bytes",
+            "template_workers",
+            "grammar_workers",
+            "tokenizer_threads",
+        ):
             self._check(name, getattr(self, name) >= 1, ">= 1")
+        for name in ("template_memory_mib", "grammar_memory_mib"):
+            self._check(name, getattr(self, name) >= 64, ">= 64")
         for name in ("send", "header", "body", "template", "grammar"):
             self._check(f"{name}_timeout_s", getattr(self, f"{name}_timeout_s") > 0, "> 0")
         self._check("keep_alive_s", self.keep_alive_s > 0, "> 0")

@@ -24,10 +24,11 @@ from keel.entrypoints.openai.chat_completion.protocol import (
     DeltaMessage,
     NamedToolChoice,
 )
-from keel.entrypoints.openai.chat_utils import chat_job, renders_tools
+from keel.entrypoints.openai.chat_utils import ChatInputError, chat_job, renders_tools
 from keel.entrypoints.openai.errors import bad_request
+from keel.entrypoints.openai.generation import SSE_DONE, Choice, Generation, sse
 from keel.entrypoints.openai.logprobs import chat_content, vllm_prompt_logprobs
-from keel.entrypoints.openai.serving_engine import SSE_DONE, Choice, Generation, OpenAIServing, sse
+from keel.entrypoints.openai.serving_engine import EngineRequest, OpenAIServing, client_of, constraints_of
 from keel.entrypoints.openai.tool_parsers import (
     HermesStreamParser,
     ToolCall,
@@ -41,8 +42,8 @@ class OpenAIServingChat:
     def __init__(self, serving: OpenAIServing) -> None:
         self.serving = serving
 
-    async def prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
-        """The request's prompt: the conversation (and tools) through the chat template, tokenized."""
+    async def prompt_text(self, req: ChatCompletionRequest) -> str:
+        """The request's prompt: the conversation (and tools) through the chat template."""
         s = self.serving
         s.check_chat_template(req.chat_template)
         mode = req.tool_mode
@@ -64,45 +65,51 @@ class OpenAIServingChat:
                 chat_template=req.chat_template,
                 chat_template_kwargs=req.chat_template_kwargs,
             )
+        except ChatInputError as exc:
+            raise bad_request(str(exc), exc.field) from exc
         except ValueError as exc:  # no chat template, or the request's template fields disagree
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from exc
-        text = await s.render_template(job)
-        ids = await s.encode(text, add_special_tokens=req.add_special_tokens)
-        if not ids:
-            raise bad_request("the rendered conversation has no tokens", "messages")
-        return s.truncate(req, ids)
+        return await s.render_template(job)
 
-    async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
-        s = self.serving
-        s.check_model(req)
-        ids = await self.prompt_ids(req)
-        for name in ("stop_token_ids", "allowed_token_ids"):
-            s.check_token_list(getattr(req, name), name)
-        s.check_token_list([int(k) for k in req.logit_bias or {}], "logit_bias")
-        max_tokens = s.max_tokens_for(req, req.max_new_tokens, len(ids), default=None)
-        extra: list[tuple[str, dict[str, Any]]] = []
+    def _tool_constraints(self, req: ChatCompletionRequest) -> list[tuple[str, dict[str, Any]]]:
+        """tool_choice required / named as an output constraint (a JSON schema of the call)."""
         specs = [t.function for t in req.tools or []]
         if req.tool_mode == "required":
             tools = [{"name": f.name, "parameters": f.parameters} for f in specs]
-            extra.append(("tool_choice", {"json": required_schema(tools, req.parallel_tool_calls is not False)}))
-        elif req.tool_mode == "named":
+            return [("tool_choice", {"json": required_schema(tools, req.parallel_tool_calls is not False)})]
+        if req.tool_mode == "named":
             assert isinstance(req.tool_choice, NamedToolChoice)
             fn = next(f for f in specs if f.name == req.tool_choice.function.name)  # checked by the request
-            extra.append(("tool_choice", {"json": fn.parameters or {"type": "object", "properties": {}}}))
-        constraint, structured = s.structured(req, extra)
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        if req.best_of is not None and req.best_of > req.n and logprobs is None:
-            logprobs = 0  # ranking candidates needs their tokens' logprobs
-        gen = await s.start(
-            "chatcmpl",
-            req,
-            [ids],
-            lambda p, j: s.sampling_params(
-                req, max_tokens, j, logprobs=logprobs, prompt_logprobs=req.prompt_logprobs, structured=structured
-            ),
-            constraint,
+            return [("tool_choice", {"json": fn.parameters or {"type": "object", "properties": {}}})]
+        return []
+
+    async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        s = self.serving
+        s.check_model(req.model)
+        text = await self.prompt_text(req)
+        max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        gen = await s.generate(
+            EngineRequest(
+                kind="chatcmpl",
+                model=req.model,
+                prompts=[text],
+                sampling=req.sampling_fields(
+                    max_tokens=req.max_new_tokens,
+                    logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                    prompt_logprobs=req.prompt_logprobs,
+                ),
+                n=req.n,
+                best_of=req.best_of,
+                add_special_tokens=req.add_special_tokens,
+                truncate_prompt_tokens=req.truncate_prompt_tokens,
+                constraints=constraints_of(req, self._tool_constraints(req)),
+                request_id=req.request_id,
+                client=client_of(raw),
+                prompt_field="messages",
+                fields={"max_tokens": max_field, "logprobs": "top_logprobs"},
+            )
         )
-        return await s.respond(raw, req, gen, lambda: self._events(req, gen), lambda: self._body(req, gen))
+        return await s.respond(raw, req.stream, gen, lambda: self._events(req, gen), lambda: self._body(req, gen))
 
     def _echo(self, req: ChatCompletionRequest) -> str:
         last = req.messages[-1]
@@ -162,8 +169,6 @@ class OpenAIServingChat:
         )
 
     async def _events(self, req: ChatCompletionRequest, gen: Generation) -> AsyncIterator[str]:
-        mode = req.tool_mode
-
         def chunk(index: int, delta: DeltaMessage, finish: Any = None, logprobs: Any = None, **extra: Any) -> str:
             choice = ChatCompletionStreamChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
             usage: dict[str, Any] = {}
@@ -175,15 +180,7 @@ class OpenAIServingChat:
                 )
             )
 
-        parsers = {c.index: HermesStreamParser() for c in gen.ordered()} if mode == "auto" else {}
-        ncalls: dict[int, int] = {}  # choice -> tool calls sent
-        named_id: dict[int, ToolCall] = {}
-
-        def call_delta(index: int, call: ToolCall) -> DeltaMessage:
-            n = ncalls.get(index, 0)
-            ncalls[index] = n + 1
-            return DeltaMessage(tool_calls=[{"index": n, **call.body()}])
-
+        tools = _ToolStream(req, [c.index for c in gen.ordered()])
         for c in gen.ordered():  # OpenAI's first chunk per choice: the role, empty content (or vLLM's echo)
             extra: dict[str, Any] = {}
             if req.return_token_ids:
@@ -196,33 +193,7 @@ class OpenAIServingChat:
                 extra["prompt_logprobs"], sent_prompt_lp = vllm_prompt_logprobs(c.prompt_logprobs), True
             new_lp = list(out.new_logprobs or [])
             logprobs = self._logprobs(req, out.new_token_ids, new_lp) if out.new_token_ids else None
-            deltas: list[DeltaMessage] = []
-            if mode == "auto":
-                events = parsers[c.index].feed(out.delta_text) if out.delta_text else []
-                if out.finished:
-                    events += parsers[c.index].finish()
-                for kind, value in events:
-                    if kind == "content":
-                        deltas.append(DeltaMessage(content=value))
-                    elif req.parallel_tool_calls is not False or not ncalls.get(c.index):
-                        deltas.append(call_delta(c.index, value))
-            elif mode == "named":
-                assert isinstance(req.tool_choice, NamedToolChoice)
-                if c.index not in named_id:
-                    named_id[c.index] = call = ToolCall(req.tool_choice.function.name, "")
-                    deltas.append(call_delta(c.index, call))
-                if out.delta_text:
-                    deltas.append(DeltaMessage(tool_calls=[{"index": 0, "function": {"arguments": out.delta_text}}]))
-            elif mode == "required":
-                if out.finished:
-                    calls = calls_from_required(c.text)
-                    if req.parallel_tool_calls is False:
-                        calls = calls[:1]
-                    deltas += [call_delta(c.index, call) for call in calls]
-                    if not calls and c.text:
-                        deltas.append(DeltaMessage(content=c.text))
-            elif out.delta_text:
-                deltas.append(DeltaMessage(content=out.delta_text))
+            deltas = tools.deltas(c, out)
             if logprobs is not None and not deltas:
                 deltas.append(DeltaMessage())  # tokens that released no text yet still carry their logprobs
             if req.return_token_ids and out.new_token_ids:
@@ -232,10 +203,7 @@ class OpenAIServingChat:
             if not deltas and extra:
                 yield chunk(c.index, DeltaMessage(), **extra)
             if out.finished:
-                finish = c.finish_reason
-                if ncalls.get(c.index) and mode in ("auto", "required") and finish == "stop":
-                    finish = "tool_calls"
-                yield chunk(c.index, DeltaMessage(), finish)
+                yield chunk(c.index, DeltaMessage(), tools.finish_reason(c))
         if req.include_usage:
             yield sse(
                 ChatCompletionStreamResponse(
@@ -243,3 +211,54 @@ class OpenAIServingChat:
                 )
             )
         yield SSE_DONE
+
+
+class _ToolStream:
+    """A streamed chat's deltas per engine output, by tool mode: Hermes blocks parsed as they come (auto),
+    the named function's arguments as they come (named), the calls once complete (required), else text."""
+
+    def __init__(self, req: ChatCompletionRequest, indices: list[int]) -> None:
+        self.req, self.mode = req, req.tool_mode
+        self.parsers = {i: HermesStreamParser() for i in indices} if self.mode == "auto" else {}
+        self.ncalls: dict[int, int] = {}  # choice -> tool calls sent
+        self.named: set[int] = set()  # choices whose named call was opened
+
+    def _call(self, index: int, call: ToolCall) -> DeltaMessage:
+        n = self.ncalls.get(index, 0)
+        self.ncalls[index] = n + 1
+        return DeltaMessage(tool_calls=[{"index": n, **call.body()}])
+
+    def deltas(self, c: Choice, out: Any) -> list[DeltaMessage]:
+        req, deltas = self.req, []
+        if self.mode == "auto":
+            events = self.parsers[c.index].feed(out.delta_text) if out.delta_text else []
+            if out.finished:
+                events += self.parsers[c.index].finish()
+            for kind, value in events:
+                if kind == "content":
+                    deltas.append(DeltaMessage(content=value))
+                elif req.parallel_tool_calls is not False or not self.ncalls.get(c.index):
+                    deltas.append(self._call(c.index, value))
+        elif self.mode == "named":
+            assert isinstance(req.tool_choice, NamedToolChoice)
+            if c.index not in self.named:
+                self.named.add(c.index)
+                deltas.append(self._call(c.index, ToolCall(req.tool_choice.function.name, "")))
+            if out.delta_text:
+                deltas.append(DeltaMessage(tool_calls=[{"index": 0, "function": {"arguments": out.delta_text}}]))
+        elif self.mode == "required":
+            if out.finished:
+                calls = calls_from_required(c.text)
+                if req.parallel_tool_calls is False:
+                    calls = calls[:1]
+                deltas += [self._call(c.index, call) for call in calls]
+                if not calls and c.text:
+                    deltas.append(DeltaMessage(content=c.text))
+        elif out.delta_text:
+            deltas.append(DeltaMessage(content=out.delta_text))
+        return deltas
+
+    def finish_reason(self, c: Choice) -> Any:
+        if self.ncalls.get(c.index) and self.mode in ("auto", "required") and c.finish_reason == "stop":
+            return "tool_calls"
+        return c.finish_reason
