@@ -44,7 +44,7 @@ def _finding(project: Project, path: str, f: Finding, new: bool | None) -> dict[
         "since": fmt(f.rule.since),
         "torch_target_version": fmt(f.rule.target),
         "advice": advice(f),
-        "mechanical": f.rule.fix is not None,
+        "mechanical": f.rule.fix is not None or f.rule.dispatch_v2 is not None,
     }
     if new is not None:
         out["new"] = new
