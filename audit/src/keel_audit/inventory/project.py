@@ -4,6 +4,7 @@ TORCH_TARGET_VERSION each file (with what it includes) and the whole project nee
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections import deque
 from dataclasses import dataclass, field
@@ -204,15 +205,15 @@ def analyse(
     trees: dict[str, Tree] | None = None,
     include_dirs: list[str] | None = None,
 ) -> list[Project]:
-    """One Project per folder or archive given, plus one for the files given directly (grouped by
-    the folder their includes resolve against: the working directory when they lie under it).
+    """One Project per folder or archive given, plus one for all the files given directly (rooted at
+    the working directory when they and the -I folders lie under it, else at their common folder).
     `trees` receives each project's file source by label (--fix reads the files again)."""
     trees = {} if trees is None else trees
     dirs = [str(PurePosixPath(*Path(d).parts)) for d in include_dirs or []]
     scanner = Scanner(know)
     cwd = (cwd or Path.cwd()).resolve()
     projects: list[Project] = []
-    loose: dict[Path, list[str]] = {}
+    loose: list[Path] = []
     for text in inputs:
         path = Path(text)
         if path.is_dir():
@@ -228,17 +229,19 @@ def analyse(
             projects.append(_run(archive, files, files, know, scanner, third_party, text, dirs))
             trees[text] = archive
         elif path.is_file():
-            resolved = path.resolve()
-            root = cwd if resolved.is_relative_to(cwd) else resolved.parent
-            loose.setdefault(root, []).append(str(PurePosixPath(*resolved.relative_to(root).parts)))
+            loose.append(path.resolve())
         else:
             raise AuditInputError(
                 f"{text}: no such file or folder; expected a source folder, a source file or an sdist"
             )
-    for root, rels in loose.items():
+    if loose:
+        extra = [(cwd / d).resolve() for d in include_dirs or []]
+        inside = all(p.is_relative_to(cwd) for p in loose + extra)
+        root = cwd if inside else Path(os.path.commonpath([p.parent for p in loose] + extra))
+        rels = sorted({str(PurePosixPath(*p.relative_to(root).parts)) for p in loose})
+        rooted = [str(PurePosixPath(*d.relative_to(root).parts)) or "." for d in extra]
         tree = DiskTree(root, know.suffixes)
-        rooted = [str(PurePosixPath(*(cwd / d).resolve().relative_to(root).parts)) for d in include_dirs or []]
-        projects.append(_run(tree, sorted(set(rels)), [], know, scanner, third_party, str(root), rooted))
+        projects.append(_run(tree, rels, [], know, scanner, third_party, str(root), rooted))
         trees[str(root)] = tree
     return projects
 
