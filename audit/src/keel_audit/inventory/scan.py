@@ -24,6 +24,11 @@ _TENSOR_ALIAS = re.compile(r"using\s+Tensor\s*=\s*(?:::\s*)?(?:at|torch)\s*::\s*
 _TENSOR = re.compile(r"Tensor\b")
 _DECLARATOR = re.compile(r"\s*(?:const\b\s*)?[&*]{0,2}\s*(?:const\b\s*)?([A-Za-z_]\w*)\s*(?=[,)=;{\[(])")
 _QUALIFIER = re.compile(r"(\w+)\s*::\s*$")
+_STABLE_TENSOR_IN_SCOPE = re.compile(
+    r"using\s+(?:::\s*)?torch\s*::\s*stable\s*::\s*Tensor\s*;|using\s+namespace\s+(?:::\s*)?torch\s*::\s*stable\s*;"
+    r"|using\s+Tensor\s*=\s*(?:::\s*)?torch\s*::\s*stable\s*::\s*Tensor\b"
+)
+_UNSTABLE_NS = re.compile(r"using\s+namespace\s+(?:::\s*)?(?:at|torch)\s*;")
 _USING_TENSOR = re.compile(r"using\s+(?:::\s*)?(?:at|torch)\s*::\s*Tensor\s*;")
 _KEYWORDS = frozenset(
     {"const", "operator", "return", "else", "case", "throw", "delete", "new", "goto", "co_return", "sizeof"}
@@ -284,17 +289,21 @@ class Scanner:
             out.findings.append(Finding(line, col, "name", key, self.know.names[key], m.start(1), m.end(1)))
 
     def _methods(self, code: str, lines: LineIndex, guards: _Guards, out: FileScan) -> None:
-        """Members of at::Tensor that torch::stable::Tensor lacks, called on a variable whose nearest
-        declaration before the call gives it an unstable tensor type (at::Tensor, torch::Tensor, or
-        Tensor after `using namespace at;`, or `auto x = at::empty(...)`)."""
-        unqualified = "using" in code and bool(
-            re.search(r"using\s+namespace\s+(?:::\s*)?(?:at|torch)\s*;", code)
-            or _TENSOR_ALIAS.search(code)
-            or _USING_TENSOR.search(code)
-        )
-        decls = _tensor_declarations(code, unqualified)
-        decls += [(m.start(), m.group(1), True) for m in self._factory.finditer(code) if _free_before(code, m.start())]
-        tensors = {name for _, name, tensor in decls if tensor} - _KEYWORDS
+        """Members that torch::stable::Tensor lacks, called on a variable whose nearest declaration
+        before the call makes it a tensor: at::Tensor, torch::Tensor, Tensor after `using namespace
+        at;`, `auto x = at::empty(...)` (unstable), or torch::stable::Tensor (a call that would not
+        compile once migrated)."""
+        bare = None
+        if "using" in code:
+            if _STABLE_TENSOR_IN_SCOPE.search(code):
+                bare = "stable"
+            elif _UNSTABLE_NS.search(code) or _TENSOR_ALIAS.search(code) or _USING_TENSOR.search(code):
+                bare = "unstable"
+        decls = _tensor_declarations(code, bare)
+        decls += [
+            (m.start(), m.group(1), "unstable") for m in self._factory.finditer(code) if _free_before(code, m.start())
+        ]
+        tensors = {name for _, name, kind in decls if kind} - _KEYWORDS
         if not tensors:
             return
         receivers = "|".join(map(re.escape, sorted(tensors, key=len, reverse=True)))
@@ -313,10 +322,10 @@ class Scanner:
             out.findings.append(Finding(line, col, "method", f"{m.group(1)}.{method}", rule, m.start(1), m.end(2)))
 
 
-def _tensor_declarations(code: str, unqualified: bool) -> list[tuple[int, str, bool]]:
-    """(offset, name, unstable?) of every `Tensor NAME` declarator: at::Tensor and torch::Tensor are
-    unstable, a bare Tensor only where the file brings at's or torch's into scope."""
-    out = []
+def _tensor_declarations(code: str, bare: str | None) -> list[tuple[int, str, str | None]]:
+    """(offset, name, kind) of every `Tensor NAME` declarator: "unstable" for at::Tensor and
+    torch::Tensor, "stable" for torch::stable::Tensor, `bare`'s kind for an unqualified Tensor."""
+    out: list[tuple[int, str, str | None]] = []
     for m in _TENSOR.finditer(code):
         if m.start() and (code[m.start() - 1].isalnum() or code[m.start() - 1] in "_$"):
             continue
@@ -324,8 +333,11 @@ def _tensor_declarations(code: str, unqualified: bool) -> list[tuple[int, str, b
         if decl is None:
             continue
         qualifier = _QUALIFIER.search(code, max(0, m.start() - 24), m.start())
-        tensor = qualifier.group(1) in ("at", "torch") if qualifier else unqualified
-        out.append((m.start(), decl.group(1), tensor))
+        if qualifier is None:
+            kind = bare
+        else:
+            kind = {"at": "unstable", "torch": "unstable", "stable": "stable"}.get(qualifier.group(1))
+        out.append((m.start(), decl.group(1), kind))
     return out
 
 
@@ -333,16 +345,16 @@ class _Declarations:
     """Declarations of some names in a file, in order: which are unstable tensors. A declaration of
     another type (`vec_op::INT8Vec64 data(...)`) shadows a tensor of that name from there on."""
 
-    def __init__(self, code: str, names: str, tensors: list[tuple[int, str, bool]]) -> None:
-        self.by_name: dict[str, list[tuple[int, bool]]] = {}
-        for offset, name, tensor in tensors:
-            self.by_name.setdefault(name, []).append((offset, tensor))
+    def __init__(self, code: str, names: str, tensors: list[tuple[int, str, str | None]]) -> None:
+        self.by_name: dict[str, list[tuple[int, str]]] = {}
+        for offset, name, kind in tensors:
+            self.by_name.setdefault(name, []).append((offset, kind or ""))
         for m in re.finditer(r"(?:" + names + r")(?=\s*[,)=;{\[(:])", code):
             if not _free_before(code, m.start()) or (m.end() < len(code) and code[m.end()].isalnum()):
                 continue
             word = _type_before(code, m.start())
             if word and word not in _KEYWORDS and word not in _NOT_TYPES and word not in ("Tensor", "auto"):
-                self.by_name.setdefault(m.group(), []).append((m.start(), False))
+                self.by_name.setdefault(m.group(), []).append((m.start(), ""))
         for entries in self.by_name.values():
             entries.sort()
 
@@ -351,8 +363,8 @@ class _Declarations:
         entries = self.by_name.get(name, [])
         if not entries:
             return False
-        i = bisect.bisect_right(entries, (offset, True)) - 1
-        return entries[max(i, 0)][1]
+        i = bisect.bisect_right(entries, (offset, "~")) - 1
+        return bool(entries[max(i, 0)][1])
 
 
 def _type_before(code: str, pos: int) -> str | None:
