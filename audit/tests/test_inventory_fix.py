@@ -66,7 +66,7 @@ def test_fix_then_hand_changes_leave_nothing_unstable(
     source, left = _migrate(tmp_path, capsys)
     assert left == ["torch::empty", "a_c.options"]
     text = source.read_text()
-    assert "THO_DISPATCH_V2(a.scalar_type(), \"muladd\", AT_WRAP([&] {" in text and "}), AT_FLOATING_TYPES);" in text
+    assert 'THO_DISPATCH_V2(a.scalar_type(), "muladd", AT_WRAP([&] {' in text and "}), AT_FLOATING_TYPES);" in text
     assert 'm.impl("muladd", TORCH_BOX(&muladd));' in text
     assert "torch::stable::Tensor a_c = torch::stable::contiguous(a);" in text
     assert main(["ext", "--json"]) == 0

@@ -59,7 +59,9 @@ def test_includes_third_party_and_floors(tmp_path: Path, capsys: pytest.CaptureF
     assert files["ops/kernel.cpp"]["torch_target_version"] == "2.10"  # parallel_for, through check.h
     assert files["clean.cpp"]["torch_target_version"] is None and files["clean.cpp"]["findings"] == 0
     rc, doc = _json([str(src), "--include-third-party"], capsys)
-    assert ("third_party/cutlass/gemm.h", "at::Tensor") in {(f["path"].split("src/", 1)[1], f["what"]) for f in doc["findings"]}
+    assert ("third_party/cutlass/gemm.h", "at::Tensor") in {
+        (f["path"].split("src/", 1)[1], f["what"]) for f in doc["findings"]
+    }
 
 
 def test_files_given_directly_resolve_includes_by_ancestors_and_dash_i(
@@ -90,7 +92,11 @@ def test_sdists_are_read_in_place(tmp_path: Path, capsys: pytest.CaptureFixture[
     for archive in (tgz, zipped):
         rc, doc = _json([str(archive)], capsys)
         assert rc == 1
-        assert sorted(f["path"] for f in doc["findings"]) == ["src/common/check.h", "src/ops/kernel.cpp", "src/ops/kernel.cpp"]
+        assert sorted(f["path"] for f in doc["findings"]) == [
+            "src/common/check.h",
+            "src/ops/kernel.cpp",
+            "src/ops/kernel.cpp",
+        ]
 
 
 def test_exit_codes_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -194,7 +200,9 @@ def test_archive_bounds(
     assert rc == 2 and needle in err and "Traceback" not in err
 
 
-def test_too_much_source_text(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_too_much_source_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sources, "MAX_TOTAL", 1000)
     archive = tmp_path / "many-1.0.zip"
     with zipfile.ZipFile(archive, "w") as zf:

@@ -103,7 +103,9 @@ def test_generated_table_matches_the_installed_torch_headers() -> None:
             removed = parse_version(entry.get("removed"))
             expected = since <= installed and (removed is None or removed > installed)  # type: ignore[operator]
             if expected != (name in present):
-                wrong.append(f"{kind} {name}: since {entry['since']}, {'missing from' if expected else 'in'} {installed}")
+                wrong.append(
+                    f"{kind} {name}: since {entry['since']}, {'missing from' if expected else 'in'} {installed}"
+                )
     assert wrong == []
 
 

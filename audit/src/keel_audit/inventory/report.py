@@ -152,7 +152,7 @@ def sarif(doc: dict[str, Any], version: str) -> dict[str, Any]:
                 "locations": [
                     {
                         "physicalLocation": {
-                            "artifactLocation": {"uri": f["path"], "uriBaseId": "SRCROOT"},
+                            "artifactLocation": {"uri": f["path"]},
                             "region": {"startLine": f["line"], "startColumn": f["column"]},
                         }
                     }
