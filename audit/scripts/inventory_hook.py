@@ -13,7 +13,7 @@ import sys
 import types
 from pathlib import Path
 
-if sys.version_info < (3, 10):
+if sys.version_info < (3, 10):  # noqa: UP036 - pre-commit runs this with whatever python3 is first on PATH
     sys.exit("keel-audit inventory: needs Python 3.10 or newer")
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "keel_audit"
 stub = types.ModuleType("keel_audit")
