@@ -30,14 +30,14 @@ from keel.engine.errors import RequestValidationError
 from keel.engine.model_loader import load_model
 from keel.engine.model_runner import ModelRunner, StepResult
 from keel.engine.output import EngineMetrics, GenerateStats, Logprob, RequestOutput, request_output
-from keel.engine.sampling_params import SamplingParams
+from keel.engine.sampling_params import SamplingParams, bad_words_token_ids
 from keel.engine.scheduler import Scheduler, SchedulerOutput
 from keel.engine.sequence import FinishReason, Sequence
 from keel.hf.config import ModelConfig, read_config_json
 from keel.hf.resolve import resolve_model
 from keel.hf.tokenizer import IncrementalDetokenizer, Tokenizer
 from keel.layers.fp8_linear import check_quantization
-from keel.layers.sampler import RowLogprobs
+from keel.layers.sampler import NOTHING_ALLOWED, RowLogprobs
 from keel.models import get_model_class
 from keel.structured import GrammarCompiler
 
@@ -174,11 +174,17 @@ class LLMEngine:
             detok=IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens),
             generator=gen,
         )
-        if params.bad_words:
-            seq.bad_words_ids = self._bad_words_ids(params.bad_words)
+        if params.bad_words_token_ids is not None:
+            seq.bad_words_ids = params.bad_words_token_ids  # tokenized once per request by its caller
+        elif params.bad_words:
+            seq.bad_words_ids = bad_words_token_ids(
+                params.bad_words, lambda texts: self.tokenizer.encode_batch(texts, add_special_tokens=False)
+            )
         if params.structured_outputs is not None:
             spec = params.structured_outputs
             seq.matcher = self.grammars().matcher(spec.kind, getattr(spec, spec.kind))
+            if params.allowed_token_ids is not None:
+                self._check_grammar_allows(label, seq)
         return seq
 
     def grammars(self) -> GrammarCompiler:
@@ -204,18 +210,37 @@ class LLMEngine:
                     f"SamplingParams: {name} of {label} has token ids {bad[:5]} outside [0, {vocab}) (the vocabulary)",
                 )
 
-    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
-        """Token sequences of each bad word, alone and after a space (vLLM's rule: the spaced form only when
-        it is a different first token of the same length)."""
-        out: list[list[int]] = []
-        for word in words:
-            plain = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
-            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-            if plain:
-                out.append(plain)
-            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
-                out.append(spaced)
-        return out
+    def _check_grammar_allows(self, label: str, seq: Sequence) -> None:
+        """A request whose grammar allows none of its allowed_token_ids (less its one-token bad words) at the
+        first token can never be sampled: refuse it now, naming both fields."""
+        mask = self.grammars().bitmask([seq.matcher])[0].tolist()
+        never = {w[0] for w in seq.bad_words_ids if len(w) == 1}
+        ids = seq.params.allowed_token_ids or []
+        if not any(t not in never and (mask[t >> 5] >> (t & 31)) & 1 for t in ids if t < self.config.vocab_size):
+            raise RequestValidationError(
+                "allowed_token_ids",
+                f"{label}: allowed_token_ids and structured_outputs leave no token to sample: the grammar allows "
+                f"none of the allowed tokens as the first token",
+            )
+
+    def _conflict(self, seq: Sequence) -> tuple[str, str]:
+        """The request's fields whose masks left nothing to sample at this step: (message, first field)."""
+        p, out = seq.params, len(seq.output_ids)
+        fields = [
+            name
+            for name, used in (
+                ("allowed_token_ids", p.allowed_token_ids is not None),
+                ("bad_words", bool(seq.bad_words_ids)),
+                ("min_tokens", out < p.min_tokens and seq.matcher is None),
+                ("structured_outputs", seq.matcher is not None),
+            )
+            if used
+        ]
+        why = ""
+        if seq.matcher is not None and seq.matcher.is_error():
+            why = f" (the grammar's matcher stopped: {seq.matcher.get_error()})"
+        fields = fields or ["prompt"]
+        return f"nothing can be sampled at output token {out + 1}: {', '.join(fields)} leave no token{why}", fields[0]
 
     def decoded_token(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
@@ -363,6 +388,8 @@ class LLMEngine:
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
                     log.warning("request %r failed after its forward pass", seq.request_id, exc_info=True)
                     error, new, delta = f"the engine failed on this request: {exc}", [], ""
+            if error == NOTHING_ALLOWED:  # the request's own fields: its client's mistake
+                error, seq.error_param = self._conflict(seq)
             if error is not None:
                 seq.finish, seq.error, seq.end_s = FinishReason.ERROR, error, now
             if seq.finish is not None:

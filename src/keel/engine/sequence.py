@@ -52,6 +52,7 @@ class Sequence:
     bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences of SamplingParams.bad_words
     matcher: Any = None  # structured outputs: the request's grammar matcher (keel.structured)
     error: str | None = None  # why the request failed alone (finish ERROR)
+    error_param: str | None = None  # set when that failure is the request's own: the field at fault
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
