@@ -31,6 +31,11 @@ def _project(root: Path) -> Path:
     (root / "src/common/check.h").write_text(CHECK_H)
     (root / "src/third_party/cutlass/gemm.h").write_text(CUTLASS_H)
     (root / "src/clean.cpp").write_text("int main() { return 0; }\n")
+    (root / "vendor_like/cutlass/include/cutlass").mkdir(parents=True)  # a vendored CUTLASS: has include/
+    (root / "vendor_like/cutlass/include/cutlass/cutlass.h").write_text(CUTLASS_H)
+    (root / "vendor_like/cutlass/mine.cu").write_text(CUTLASS_H)
+    (root / "vendor_like/kernels/cutlass").mkdir(parents=True)  # the project's own kernels folder of that name
+    (root / "vendor_like/kernels/cutlass/gemm.cu").write_text(CUTLASS_H)
     return root / "src"
 
 
@@ -58,6 +63,9 @@ def test_includes_third_party_and_floors(tmp_path: Path, capsys: pytest.CaptureF
     files = {f["path"].split("src/", 1)[1]: f for f in p["files"]}
     assert files["ops/kernel.cpp"]["torch_target_version"] == "2.10"  # parallel_for, through check.h
     assert files["clean.cpp"]["torch_target_version"] is None and files["clean.cpp"]["findings"] == 0
+    rc, doc = _json([str(tmp_path / "vendor_like")], capsys)
+    assert doc["projects"][0]["third_party_left_out"] == ["cutlass"]
+    assert [f["path"].split("vendor_like/", 1)[1] for f in doc["findings"]] == ["kernels/cutlass/gemm.cu"]
     rc, doc = _json([str(src), "--include-third-party"], capsys)
     assert ("third_party/cutlass/gemm.h", "at::Tensor") in {
         (f["path"].split("src/", 1)[1], f["what"]) for f in doc["findings"]

@@ -87,7 +87,8 @@ class Knowledge:
         self.macros = {k: self._rule(k, v) for k, v in rules["macros"].items() if not k.endswith("*")}
         self.macro_prefixes = {k[:-1]: self._rule(k, v) for k, v in rules["macros"].items() if k.endswith("*")}
         self.methods = {k: self._rule(f".{k}", v) for k, v in rules["methods"].items()}
-        self.third_party = frozenset(rules["third_party"])
+        self.third_party = frozenset(rules["third_party"]["folders"])
+        self.third_party_libraries = frozenset(rules["third_party"]["libraries"])
         self.suffixes = frozenset(rules["suffixes"])
         self.factories = frozenset(rules["tensor_factories"])
 

@@ -55,12 +55,16 @@ class Project:
         return max(found) if found else None
 
 
-def _third_party(rel: str, know: Knowledge) -> str | None:
-    """The third-party folder (as a path prefix) `rel` lies in, or None."""
+def _third_party(rel: str, know: Knowledge, tree: Tree) -> str | None:
+    """The vendored folder (as a path prefix) `rel` lies in, or None: a `third_party/`-like folder,
+    or a folder named like a library (cutlass, composable_kernel, ...) that has an include/ folder."""
     parts = PurePosixPath(rel).parts[:-1]
     for i, part in enumerate(parts):
+        folder = "/".join(parts[: i + 1])
         if part.lower() in know.third_party:
-            return "/".join(parts[: i + 1])
+            return folder
+        if part in know.third_party_libraries and tree.has_dir(folder + "/include"):
+            return folder
     return None
 
 
@@ -163,7 +167,7 @@ class _Analysis:
     def _wanted(self, rel: str) -> bool:
         if self.keep_third_party:
             return True
-        folder = _third_party(rel, self.know)
+        folder = _third_party(rel, self.know, self.tree)
         if folder is not None:
             self.excluded.add(folder)
             return False

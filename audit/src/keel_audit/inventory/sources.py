@@ -50,6 +50,9 @@ class Tree:
     def walk(self) -> list[str]:
         raise NotImplementedError
 
+    def has_dir(self, rel: str) -> bool:
+        raise NotImplementedError
+
 
 def _decode(data: bytes, label: str, rel: str) -> str:
     if len(data) > MAX_FILE:
@@ -72,6 +75,12 @@ class DiskTree(Tree):
     def exists(self, rel: str) -> bool:
         try:
             return stat.S_ISREG(self._path(rel).stat().st_mode)
+        except (OSError, ValueError):
+            return False
+
+    def has_dir(self, rel: str) -> bool:
+        try:
+            return self._path(rel).is_dir()
         except (OSError, ValueError):
             return False
 
@@ -108,9 +117,15 @@ class MemoryTree(Tree):
     def __init__(self, label: str, files: dict[str, str]) -> None:
         self.label = label
         self.files = files
+        self._dirs: set[str] | None = None
 
     def exists(self, rel: str) -> bool:
         return rel in self.files
+
+    def has_dir(self, rel: str) -> bool:
+        if self._dirs is None:
+            self._dirs = {str(p) for rel_ in self.files for p in PurePosixPath(rel_).parents}
+        return rel in self._dirs
 
     def read(self, rel: str) -> str:
         return self.files[rel]
