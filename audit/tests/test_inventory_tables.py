@@ -172,3 +172,34 @@ def test_knowledge_lookups() -> None:
     assert know.include_rule("torch/csrc/stable/library.h") is None
     assert know.include_rule("torch/csrc/autograd/variable.h") is know.include_fallback
     assert know.stable_api("torch_call_dispatcher").target == (2, 10)  # type: ignore[union-attr]
+
+
+def test_inventory_imports_nothing_but_the_standard_library_and_itself() -> None:
+    """The pre-commit hook runs the inventory with nothing installed (audit/scripts/inventory_hook.py):
+    it may import the standard library, keel_audit.errors, keel_audit.wheelzip and its own modules only."""
+    import ast
+    import sys
+
+    package = Path(importlib.util.find_spec("keel_audit.inventory").origin).parent  # type: ignore[union-attr,arg-type]
+    allowed = {"keel_audit.errors", "keel_audit.wheelzip"}
+    bad = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                name = node.module or ""
+                if node.level == 1:
+                    continue
+                if node.level == 2:
+                    name = f"keel_audit.{name}"
+                names = [name]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if name.startswith("keel_audit") and name not in allowed:
+                    bad.append(f"{path.name}: {name}")
+                elif not name.startswith("keel_audit") and top not in sys.stdlib_module_names:
+                    bad.append(f"{path.name}: {name}")
+    assert bad == []
