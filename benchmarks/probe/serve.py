@@ -1,8 +1,8 @@
-"""Probe `keel serve` with issue 26's hostile requests and print a table per category.
+"""Probe `keel serve` with hostile requests and print a table per category.
 
 Starts `keel serve` itself on a free loopback port (nothing leaves this machine), with an API key, the
-operator's flag for request chat templates (so the template bounds are exercised, not just the refusal)
-and small admission limits (--max-num-seqs 4 --max-waiting 12: one n=16 client fills them). For each
+operator's flag for request chat templates (so the template bounds are exercised, not just the refusal),
+3 s template and grammar time limits and small admission limits (--max-num-seqs 4 --max-waiting 12: one n=16 client fills them). For each
 category it runs the cases, while a background client sends a normal 4-token completion every 0.5 s,
 and reports: cases, crashes (the server process gone), 5xx answers, cases whose answer was not the
 expected one, the slowest normal request during the category, and the server's RSS before and after.
@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import socket
+import string
 import subprocess
 import sys
 import tempfile
@@ -50,7 +51,7 @@ def free_port() -> int:
 class Server:
     model: str
     extra: list[str]
-    baseline: bool = False  # a keel serve from before issue 26: none of its flags
+    baseline: bool = False  # a keel serve older than its limit flags: none of them
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     log: Any = None
@@ -65,7 +66,7 @@ class Server:
         cmd += ["--max-num-seqs", "4", "--max-waiting", "12"]
         if not self.baseline:
             cmd += ["--trust-request-chat-template", "--send-timeout", "3", "--header-timeout", "3"]
-            cmd += ["--body-timeout", "3", "--chat-template-timeout", "3"]
+            cmd += ["--body-timeout", "3", "--chat-template-timeout", "3", "--grammar-timeout", "3"]
         cmd += self.extra
         self.log = tempfile.TemporaryFile()
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -532,6 +533,119 @@ def _slow_body(srv: Server) -> tuple[int, Any]:
         s.close()
 
 
+def patterns_schema(n: int, hidden: bool = False) -> dict[str, Any]:
+    """A string matching n `.*x.*` patterns at once (their intersection grows exponentially); `hidden` puts
+    them behind `$ref`s, past the static count, for the worker's limits to stop."""
+    letters = string.ascii_letters[:n]
+    if not hidden:
+        return {"type": "string", "allOf": [{"pattern": f".*{c}.*"} for c in letters]}
+    defs = {f"d{i}": {"pattern": f".*{c}.*"} for i, c in enumerate(letters)}
+    return {"$defs": defs, "type": "string", "allOf": [{"$ref": f"#/$defs/d{i}"} for i in range(n)]}
+
+
+def schema_cmpl(schema: dict[str, Any]) -> dict[str, Any]:
+    return cmpl(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+def eight_slow_then_small(srv: Server) -> tuple[int, Any]:
+    """Eight compiles that run into the workers' limits at once, then a small grammar: it must compile."""
+    answers: list[int] = []
+    slow = [
+        threading.Thread(
+            target=lambda: answers.append(
+                request(srv, "POST", "/v1/completions", schema_cmpl(patterns_schema(18, True)))[0]
+            )
+        )
+        for _ in range(8)
+    ]
+    for t in slow:
+        t.start()
+    for t in slow:
+        t.join(120)
+    t0 = time.monotonic()
+    status, body = request(srv, "POST", "/v1/completions", cmpl(max_tokens=3, guided_choice=["yes", "no"]))
+    return status, {"slow": sorted(answers), "small_s": round(time.monotonic() - t0, 2), "body": body}
+
+
+def _ids(srv: Server, text: str) -> list[int]:
+    return list(request(srv, "POST", "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"])
+
+
+def masks_emptied_later(srv: Server) -> tuple[int, Any]:
+    """allowed [t] with the bad word "tt" (t a digit's one token): t is sampled, then banned, and nothing is
+    left at the second step; the answer must be the client's 400, not an engine 500."""
+    for digit in "7135":
+        (t,), pair = _ids(srv, digit), _ids(srv, digit * 2)
+        if pair == [t, t]:
+            body = cmpl(max_tokens=4, allowed_token_ids=[t], bad_words=[digit * 2])
+            return request(srv, "POST", "/v1/completions", body)
+    return 400, {"error": {"param": "allowed_token_ids", "message": "skipped: no digit tokenizes one by one"}}
+
+
+def untrusted_cases(sample: bool) -> list[Case]:
+    deep_args = "[" * 100_000 + "]" * 100_000
+    tool_turn = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep_args}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"},
+    ]
+    arg_field = "messages.1.tool_calls.0.function.arguments"
+    digits = "7" * 1_000_000
+    cases: list[Case] = [
+        (
+            "allOf of 30 patterns",
+            post("/v1/completions", schema_cmpl(patterns_schema(30))),
+            is_4xx_naming("response_format"),
+        ),
+        (
+            "allOf of 18 patterns behind $ref (worker limit)",
+            post("/v1/completions", schema_cmpl(patterns_schema(18, True))),
+            is_4xx_naming("response_format"),
+        ),
+        ("1 MB prompt of digits", post("/v1/completions", cmpl(prompt=digits)), is_4xx_naming("prompt")),
+        ("/tokenize 1 MB of digits", post("/tokenize", {"prompt": digits}), is_4xx_naming("prompt")),
+        (
+            "bad_words: 1,000 words of 1,000 digits, n=16",
+            post("/v1/completions", cmpl(n=16, bad_words=["7" * 1000] * 1000)),
+            is_4xx_naming("bad_words"),
+        ),
+        ("masks empty at the second token", masks_emptied_later, is_4xx_naming("allowed_token_ids")),
+        (
+            "tool arguments 100,000 deep (chat)",
+            post("/v1/chat/completions", chat(messages=tool_turn)),
+            is_4xx_naming(arg_field),
+        ),
+        (
+            "tool arguments 100,000 deep (/tokenize)",
+            post("/tokenize", {"model": MODEL, "messages": tool_turn}),
+            is_4xx_naming(arg_field),
+        ),
+    ]
+    if not sample:
+
+        def stop_only(srv: Server) -> tuple[int, Any]:
+            t = _ids(srv, "7")
+            body = cmpl(max_tokens=4, min_tokens=2, allowed_token_ids=t, stop_token_ids=t)
+            return request(srv, "POST", "/v1/completions", body)
+
+        cases += [
+            ("min_tokens with only a stop token allowed", stop_only, is_4xx_naming("min_tokens")),
+            (
+                "a grammar allowing none of allowed_token_ids",
+                lambda srv: request(
+                    srv, "POST", "/v1/completions", cmpl(allowed_token_ids=_ids(srv, "7"), guided_choice=["yes", "no"])
+                ),
+                is_4xx_naming("allowed_token_ids"),
+            ),
+            (
+                "eight slow compiles, then a small grammar",
+                eight_slow_then_small,
+                lambda status, r: status == 200 and all(c in (400, 503) for c in r["slow"]),
+            ),
+        ]
+    return cases
+
+
 CATEGORIES: dict[str, Callable[[bool], list[Case]]] = {
     "grammars and schemas": grammar_cases,
     "chat templates": template_cases,
@@ -539,6 +653,7 @@ CATEGORIES: dict[str, Callable[[bool], list[Case]]] = {
     "API key and routes": auth_cases,
     "malformed HTTP and JSON": http_cases,
     "slow and non-reading clients": slow_clients_cases,
+    "untrusted input in bounded places": untrusted_cases,
 }
 
 
@@ -607,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the results as JSON here")
     ap.add_argument("--case-timeout", type=float, default=60.0)
     ap.add_argument(
-        "--baseline", action="store_true", help="probe a keel serve from before issue 26 (without its new flags)"
+        "--baseline", action="store_true", help="probe a keel serve older than its limit flags (none of them passed)"
     )
     ap.add_argument("serve_args", nargs="*", help="extra keel serve arguments (after --)")
     args = ap.parse_args(argv)

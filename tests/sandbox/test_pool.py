@@ -55,6 +55,7 @@ def test_past_its_memory_a_job_fails_naming_the_limit(pool):
     assert echo(pool)["echo"] == 1
 
 
+@pytest.mark.slow  # a second or two of CPU time spent on purpose
 def test_past_its_cpu_time_a_job_is_ended_by_the_kernel(pool):
     with pytest.raises(LimitExceeded, match="CPU time") as info:
         pool.call({"op": "spin", "s": 30}, run_s=60)

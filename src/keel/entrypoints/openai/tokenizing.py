@@ -1,10 +1,10 @@
 """Tokenizing for the server, off the event loop and the engine thread (`TokenizerPool`).
 
-`tokenizers` holds the GIL for a whole single `encode` (a 1 MB prompt froze the event loop for seconds:
-`asyncio.to_thread` did not help) but releases it in its batch calls, so the pool's own threads call
-those. Before any tokenizer call a text is checked against what the context could hold: where the
-tokenizer makes it a bound (`Tokenizer.max_chars_per_token`), a text longer than that times
-max_model_len tokenizes to more tokens than fit, and is a 400 without being tokenized.
+`tokenizers` holds the GIL for a whole single `encode` (a thread of the default executor does not free
+the event loop) but releases it in its batch calls, so the pool's own threads call those. Before any
+tokenizer call a text is checked against what the context could hold: where the tokenizer makes it a
+bound (`Tokenizer.max_chars_per_token`), a text longer than that times max_model_len tokenizes to more
+tokens than fit, and is a 400 without being tokenized.
 """
 
 from __future__ import annotations
