@@ -1,7 +1,7 @@
 """keel's developer helpers, shared by tests/ and benchmarks/ (distribution `keel-dev`: `pip install -e dev`).
 
 Not part of the keel wheel; nothing in keel imports it. The release pipeline's probe uses `parity` and
-`greedy` too: the pipeline and the suite compare greedy tokens by one rule.
+`engine` too: the pipeline and the suite compare greedy tokens and logits by one rule.
 
   timing       one alternating min-of-means timer (perf_counter, or CUDA events)
   net          a free loopback port
@@ -11,8 +11,8 @@ Not part of the keel wheel; nothing in keel imports it. The release pipeline's p
   parity       the parity rule (greedy tokens, logits) between keel and a reference
   engine       all-position logits through keel's prefill path; a fresh KV pool
   greedy       keel's greedy tokens and logits, in this process or in a child with another CPU build
-  fuzz.ops     the op fuzzer (`python -m keel_dev.fuzz.ops` runs all of it)
-  fuzz.loaders the loader fuzzer (`python -m keel_dev.fuzz.loaders`)
+
+The fuzzers, which the tests run a sample of, are the other package of this distribution: `keel_fuzz`.
 """
 
 from __future__ import annotations

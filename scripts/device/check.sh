@@ -150,10 +150,10 @@ fi
 # shellcheck disable=SC2086
 WHEEL="$(ls $WHEEL | head -n1)"
 if [ "$MODE" = dry ]; then  # the audit needs no GPU: here only (--prepare audits the device's wheel)
-  step audit 60 env PYTHONPATH="$ROOT/audit:$DEPS" "$PY" -m keel_audit "$WHEEL" --strict --target-torch 2.10 || finish
+  step audit 60 env PYTHONPATH="$ROOT/audit/src:$DEPS" "$PY" -m keel_audit "$WHEEL" --strict --target-torch 2.10 || finish
 fi
 step install 30 "$PY" "$HERE/check.py" install "$PREFIX" "$WHEEL" || finish
-cp -r "$ROOT/dev/keel_dev" "$PREFIX/"  # keel-dev: the test helpers the CUDA tests import (pure Python)
+cp -r "$ROOT/dev/keel_dev" "$ROOT/dev/keel_fuzz" "$PREFIX/"  # keel-dev: the test helpers the CUDA tests import (pure Python)
 
 # The checkout stays off sys.path: PYTHONSAFEPATH (no cwd / script folder for -c and -m), the prefix first,
 # then the unpacked missing wheels, then the plugin (nothing there shadows the machine's packages).

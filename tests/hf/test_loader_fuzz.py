@@ -1,4 +1,4 @@
-"""A small fixed sample of the loader fuzzer (`python -m keel_dev.fuzz.loaders` runs all of it, a few hundred mutations):
+"""A small fixed sample of the loader fuzzer (`python -m keel_fuzz.loaders` runs all of it, a few hundred mutations):
 every mutated checkpoint loads, or fails with a keel error that names the file and the field."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 from collections import defaultdict
 
 import pytest
-from keel_dev.fuzz.loaders import Mutation, gguf_mutations, hf_mutations
-from keel_dev.fuzz.loaders import harness as loader_fuzz
+from keel_fuzz.loaders import Mutation, gguf_mutations, hf_mutations
+from keel_fuzz.loaders import harness as loader_fuzz
 from support.smollm2 import needs_smollm2
 
 

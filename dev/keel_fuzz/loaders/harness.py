@@ -18,7 +18,7 @@ and the defects:
   crash    the worker died
   hang     no answer within the timeout
 
-  python -m keel_dev.fuzz.loaders --worker HF_SOURCE GGUF_SOURCE WORKDIR    (internal: mutations on stdin)
+  python -m keel_fuzz.loaders --worker HF_SOURCE GGUF_SOURCE WORKDIR    (internal: mutations on stdin)
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from keel_dev import child_env
-from keel_dev.fuzz.loaders.mutations import Mutation
+
+from keel_fuzz.loaders.mutations import Mutation
 
 # keel's checkpoint error family, by class name (so that the harness also runs against older keel code)
 KEEL_ERRORS = frozenset(
@@ -89,7 +90,7 @@ class _Sources:
 
     def layout(self) -> Any:
         if self._layout is None:
-            from keel_dev.fuzz.loaders import gguf_layout
+            from keel_fuzz.loaders import gguf_layout
 
             assert self.gguf is not None
             self._layout = gguf_layout.parse(self.gguf.read_bytes())
@@ -106,13 +107,13 @@ def run_case(m: Mutation, src: _Sources, workdir: Path) -> dict[str, str]:
     phase = "mutate"
     try:
         if m.target == "hf":
-            from keel_dev.fuzz.loaders.mutations import apply_hf
+            from keel_fuzz.loaders.mutations import apply_hf
 
             assert src.hf is not None
             folder = apply_hf(m, src.hf, tmp / "model")
         else:
             from keel.gguf.install import install_gguf
-            from keel_dev.fuzz.loaders.gguf_mutations import apply_gguf
+            from keel_fuzz.loaders.gguf_mutations import apply_gguf
 
             assert src.gguf is not None
             path = apply_gguf(m, src.gguf, src.layout(), tmp)
@@ -203,7 +204,7 @@ class Worker:
         env = child_env(dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"))
         args = [str(hf or "-"), str(gguf or "-"), str(workdir)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "keel_dev.fuzz.loaders", "--worker", *args],
+            [sys.executable, "-m", "keel_fuzz.loaders", "--worker", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from keel_dev.fuzz.ops.cases import Example, t
+from keel_fuzz.ops.cases import Example, t
 
 
 def _ceil_div(a: int, b: int) -> int:

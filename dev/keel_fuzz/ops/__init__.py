@@ -1,4 +1,4 @@
-"""keel's op fuzzer: every op of every keel namespace, in child processes (`python -m keel_dev.fuzz.ops` runs it).
+"""keel's op fuzzer: every op of every keel namespace, in child processes (`python -m keel_fuzz.ops` runs it).
 
 The ops are what the loaded libraries register (inventory.py); each case is a mutated valid call
 (examples.py, examples_vendored.py) or random arguments from the op's schema (cases.py), run in a
@@ -9,7 +9,7 @@ answer in time), harness (building the case failed: a bug of the fuzzer, reporte
 
 from __future__ import annotations
 
-from keel_dev.fuzz.ops.cases import DEFECTS, OUTCOMES, Case
-from keel_dev.fuzz.ops.runner import Report, fuzz
+from keel_fuzz.ops.cases import DEFECTS, OUTCOMES, Case
+from keel_fuzz.ops.runner import Report, fuzz
 
 __all__ = ["DEFECTS", "OUTCOMES", "Case", "Report", "fuzz"]

