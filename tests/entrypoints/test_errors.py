@@ -73,7 +73,7 @@ def test_completion_bad_request_400(served, kwargs, param, needle):
         (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), "type"),
         (
             dict(messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "f"}}]),
-            "needs a chat template that renders tools",
+            "needs a tool-call parser",
         ),
         (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=4, max_completion_tokens=5), "disagree"),
     ],

@@ -29,15 +29,20 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keel.engine.async_engine import AsyncEngine, Drained
+from keel.entrypoints.anthropic.api_router import router as messages_router
+from keel.entrypoints.anthropic.serving import AnthropicServingMessages
 from keel.entrypoints.openai.chat_completion.api_router import router as chat_router
 from keel.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from keel.entrypoints.openai.chat_utils import TemplateRenderer
 from keel.entrypoints.openai.completion.api_router import router as completion_router
 from keel.entrypoints.openai.completion.serving import OpenAIServingCompletion
-from keel.entrypoints.openai.errors import APIError, install_handlers, log
+from keel.entrypoints.openai.errors import ANTHROPIC_PATHS, APIError, anthropic_body, install_handlers, log
 from keel.entrypoints.openai.models.api_router import router as models_router
 from keel.entrypoints.openai.openapi import install_openapi
 from keel.entrypoints.openai.readiness import start_warm_up
+from keel.entrypoints.openai.responses.api_router import router as responses_router
+from keel.entrypoints.openai.responses.serving import OpenAIServingResponses
+from keel.entrypoints.openai.responses.store import ResponseStore
 from keel.entrypoints.openai.server_config import ServerConfig
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
 from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, metrics_registry, render_prometheus
@@ -76,8 +81,11 @@ def check_api_key(api_key: str | None) -> None:
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
 
 
-def key_matches(header: bytes, api_key: str) -> bool:
-    """`Authorization: Bearer <key>`, the scheme case-insensitive (RFC 9110), the key compared in constant time."""
+def key_matches(header: bytes, api_key: str, x_api_key: bytes = b"") -> bool:
+    """`Authorization: Bearer <key>`, the scheme case-insensitive (RFC 9110), or `x-api-key: <key>` (Anthropic's
+    header); the key compared in constant time."""
+    if x_api_key and hmac.compare_digest(x_api_key.strip(), api_key.encode()):
+        return True
     scheme, _, token = header.decode("latin-1").strip().partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"), api_key.encode())
 
@@ -101,8 +109,8 @@ def check_bind(host: str, api_key: str | None) -> None:
         )
 
 
-async def _send_error(send: Send, err: APIError) -> None:
-    body = json.dumps(err.body()).encode()
+async def _send_error(send: Send, err: APIError, path: str = "") -> None:
+    body = json.dumps(anthropic_body(err) if path.startswith(ANTHROPIC_PATHS) else err.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if err.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
@@ -151,16 +159,20 @@ class Guard:
             await _send_error(
                 send,
                 APIError(503, f"the server is shutting down ({what}); retry on another replica", code="shutting_down"),
+                scope["path"],
             )
             return
         headers = dict(scope.get("headers") or [])
         if self.api_key and scope["path"] not in OPEN_PATHS:
-            if not key_matches(headers.get(b"authorization", b""), self.api_key):
+            if not key_matches(headers.get(b"authorization", b""), self.api_key, headers.get(b"x-api-key", b"")):
                 await _send_error(
                     send,
                     APIError(
-                        401, "Incorrect or missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key"
+                        401,
+                        "Incorrect or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)",
+                        code="invalid_api_key",
                     ),
+                    scope["path"],
                 )
                 return
         limit = self.max_body_bytes
@@ -169,7 +181,7 @@ class Guard:
             if int(declared) <= 64 * limit:  # read and drop it, so the client sees the answer, not a reset
                 while (await receive()).get("more_body"):
                     pass
-            await _send_error(send, _too_large(limit))
+            await _send_error(send, _too_large(limit), scope["path"])
             return
         seen = 0
         body_done = False
@@ -266,6 +278,7 @@ def build_app(
         vocab_size=llm.config.vocab_size,
         max_tokens_limit=limits.max_tokens,
         trust_request_chat_template=trust_request_chat_template,
+        tool_call_parser=limits.tool_call_parser,
     )
     app = FastAPI(title="keel serve", summary="OpenAI-compatible API of keel", version="0.1.0")
     install_handlers(app)
@@ -282,7 +295,11 @@ def build_app(
     app.state.engine, app.state.serving, app.state.started = engine, serving, int(time.time())
     app.state.ready, app.state.warm_up = not require_warm_up, None
     app.state.completion, app.state.chat = OpenAIServingCompletion(serving), OpenAIServingChat(serving)
-    for router in (completion_router, chat_router, models_router, tokenize_router):
+    store = ResponseStore(limits.response_store_mib << 20, limits.response_store_ttl_s)
+    app.state.responses = OpenAIServingResponses(serving, store)
+    app.state.messages = AnthropicServingMessages(serving)
+    routers = (completion_router, chat_router, responses_router, messages_router, models_router, tokenize_router)
+    for router in routers:
         app.include_router(router)
 
     @app.get("/health")

@@ -24,11 +24,6 @@ from keel.sandbox import Busy, LimitExceeded, WorkerError, WorkerLimits, WorkerP
 _RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
 
 
-def renders_tools(template: str | None) -> bool:
-    """Whether a chat template reads the `tools` variable (so tool_choice auto has something to act on)."""
-    return template is not None and "tools" in template
-
-
 MAX_JSON_DEPTH = 64  # objects / arrays nested in a tool call's arguments
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from keel.engine.config import flag_name, setting
+from keel.entrypoints.openai.tool_parsers import PARSER_CHOICES
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -57,6 +58,17 @@ class ServerConfig:
     )
     grammar_workers: int = setting(2, "worker processes that compile grammars, regexes and JSON schemas")
     grammar_memory_mib: int = setting(512, "MiB of address space a grammar compile worker may use above its start")
+    tool_call_parser: str = setting(
+        "auto",
+        "how tool calls are read from the text of a tool_choice auto request: the model family's format (vLLM's "
+        "names); auto: the one the chat template shows",
+        choices=PARSER_CHOICES,
+    )
+    response_store_mib: int = setting(
+        64,
+        "MiB of responses kept in memory for store: true (GET / DELETE / cancel by id, previous_response_id); 0: none",
+    )
+    response_store_ttl_s: float = setting(3600.0, "seconds a stored response is kept")
     tokenizer_threads: int = setting(1, "threads that tokenize prompts (off the event loop and the engine thread)")
     shutdown_timeout_s: float = setting(
         30.0,
@@ -83,6 +95,9 @@ class ServerConfig:
         self._check("keep_alive_s", self.keep_alive_s > 0, "> 0")
         self._check("max_model_len", self.max_model_len is None or self.max_model_len >= 2, ">= 2 or None")
         self._check("max_waiting", self.max_waiting >= 0, ">= 0")
+        self._check("response_store_mib", self.response_store_mib >= 0, ">= 0")
+        self._check("response_store_ttl_s", self.response_store_ttl_s > 0, "> 0")
+        self._check("tool_call_parser", self.tool_call_parser in PARSER_CHOICES, f"one of {', '.join(PARSER_CHOICES)}")
         self._check("port", 0 <= self.port < 65536, "in [0, 65535]")
         self._check("shutdown_timeout_s", self.shutdown_timeout_s >= 0, ">= 0")
         self._check("log_level", self.log_level in LOG_LEVELS, f"one of {', '.join(LOG_LEVELS)}")

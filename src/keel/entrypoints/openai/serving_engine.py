@@ -44,7 +44,7 @@ def client_of(raw: Request) -> str | None:
     """Who sends a request, for the engine's per-client shares: its API key (a digest of it, so no secret is
     kept), else the connection's peer address."""
     auth = raw.headers.get("authorization", "")
-    token = auth.partition(" ")[2].strip()
+    token = raw.headers.get("x-api-key", "").strip() or auth.partition(" ")[2].strip()
     if token:
         return "key:" + hashlib.sha256(token.encode("latin-1", "replace")).hexdigest()[:16]
     peer = raw.client
@@ -74,6 +74,7 @@ class ServingConfig:
     vocab_size: int
     max_tokens_limit: int
     trust_request_chat_template: bool = False  # vLLM's --trust-request-chat-template
+    tool_call_parser: str = "auto"  # how tool_choice auto reads calls (tool_parsers.PARSER_CHOICES)
 
 
 @dataclass(slots=True)

@@ -305,3 +305,32 @@ def partial_suffix(text: str, tag: str) -> int:
         if text.endswith(tag[:n]):
             return n
     return 0
+
+
+class TextGate:
+    """Streamed content around tool calls: whitespace is held back until more text follows, so a stream opens no
+    message for the newlines between calls, and (as a whole output's content is stripped when it holds calls) the
+    whitespace before a call or at the end of an output with calls is dropped."""
+
+    def __init__(self) -> None:
+        self._held = ""
+        self.calls = 0
+
+    def text(self, text: str) -> str:
+        """What of `text` to send now."""
+        body = (self._held + text).rstrip()
+        if not body:
+            self._held += text
+            return ""
+        self._held = (self._held + text)[len(body) :]
+        return body
+
+    def call(self) -> None:
+        """A call starts: the whitespace before it goes."""
+        self._held = ""
+        self.calls += 1
+
+    def end(self) -> str:
+        """The output ended: its trailing whitespace, unless it made calls."""
+        held, self._held = self._held, ""
+        return "" if self.calls else held
