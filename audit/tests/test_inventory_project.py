@@ -76,6 +76,7 @@ def test_files_given_directly_resolve_includes_by_ancestors_and_dash_i(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = _project(tmp_path)
+    # paths-of: the project _project writes under tmp_path
     (src / "ops/other.cpp").write_text('#include "check.h"\n')  # found through -I src/common
     rc, doc = _json([str(src / "ops/other.cpp"), "-I", str(src / "common")], capsys)
     assert rc == 1 and [f["what"] for f in doc["findings"]] == ["TORCH_CHECK"]

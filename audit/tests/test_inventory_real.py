@@ -18,6 +18,7 @@ from keel_audit.inventory.sources import Tree
 
 pytestmark = pytest.mark.slow
 CACHE = Path(os.environ.get("KEEL_INVENTORY_SDISTS", Path(__file__).resolve().parents[2] / ".cache/inventory"))
+# paths-of: the vllm 0.34.0 and flash_attn 2.8.3.post2 sdists
 # vLLM sources outside csrc/cpu and csrc/rocm that may stay unstable, and why (the measurement page's table)
 VLLM_EXPLAINED = {
     "csrc/attention/octave_": "the ROCm-only legacy _C (CMakeLists.txt)",

@@ -8,7 +8,8 @@ vendored library's or the audit's own tree names its paths from its own root); a
 library's face (`adapters/deep_gemm`, `keel/vendored/deep_gemm`, its tests) also resolves from
 `vendored_deps/<name>`. Not checked: placeholders (`vendored_deps/NAME`, `tests/.../x.cpp`, `<dir>`), globs
 that match something, a path on a line that says it is upstream's, and in `vendored_deps/*/UPSTREAM.md`
-(which describes the upstream tree) a path this checkout does not have."""
+(which describes the upstream tree) a path this checkout does not have. A file about another project's tree
+says so once with `paths-of: <that tree>` in a comment (an HTML comment in a page); its paths are that tree's."""
 
 from __future__ import annotations
 
@@ -131,6 +132,8 @@ def _exists(named: str, rel: str) -> bool:
 
 def _named_paths() -> Iterator[tuple[str, int, str | None, str]]:
     for rel, lines in PROSE.items():
+        if any("paths-of:" in line for _, line in lines):
+            continue
         for number, line in lines:
             if "upstream" in line.lower():
                 continue
