@@ -34,6 +34,20 @@ ANSWER = {
     "additionalProperties": False,
 }
 QUESTION = "What is the weather in Paris?"
+CALL_TEXT = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def start_scripted_tools(tool_model: Path, pieces: list[str]) -> Any:
+    """A real server over a scripted engine that writes `pieces`, with the Hermes tools template."""
+    from keel.engine.async_engine import AsyncEngine
+    from keel.entrypoints.openai.api_server import ServerThread, build_app
+    from keel.entrypoints.openai.server_config import ServerConfig
+    from support.scripted_engine import ScriptedEngine
+    from support.serve import MODEL_NAME, Served, make_engine
+
+    engine = AsyncEngine(ScriptedEngine(make_engine(tool_model), pieces), max_admitted=64)
+    app = build_app(engine, model_name=MODEL_NAME, limits=ServerConfig(max_tokens=512))
+    return Served(ServerThread(app).start(), engine)
 
 
 def responses_plain(client: Any, model: str) -> Any:
