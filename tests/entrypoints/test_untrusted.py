@@ -98,6 +98,36 @@ def test_a_compile_past_its_limits_is_killed_and_the_server_keeps_its_memory(ser
     assert status == 200 and answer["choices"][0]["text"] in ("yes", "no"), answer
 
 
+def test_a_client_that_goes_away_stops_its_compile(server):
+    """With a 30 s compile limit, a client that closes its connection while its grammar compiles has its
+    compile worker killed at once, not at the deadline."""
+    import dataclasses
+    import socket
+
+    serving = server.thread.app.serving
+    before = serving.grammar_limits
+    serving.grammar_limits = dataclasses.replace(before, compile_timeout_s=30.0, memory_mib=2048)
+    try:
+        call(server.base_url, "/v1/completions", schema_body({"type": "integer"}))  # the new workers are up
+        workers = server.engine.engine.grammars().workers
+        killed = workers.num_killed
+        body = json.dumps(schema_body(referenced_patterns_schema(18))).encode()
+        host, port = server.base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            head = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            s.sendall(head.encode() + b"content-length: %d\r\n\r\n" % len(body) + body)
+            deadline = time.monotonic() + 10
+            while not any(proc for _, proc in workers._running.values()) and time.monotonic() < deadline:
+                time.sleep(0.02)  # until the compile runs in a worker process
+            assert workers._running, "the compile never started"
+        t0 = time.monotonic()
+        while workers.num_killed == killed and time.monotonic() - t0 < 10:
+            time.sleep(0.02)
+        assert workers.num_killed == killed + 1 and workers.pending == 0
+    finally:
+        serving.grammar_limits = before
+
+
 @pytest.mark.slow  # eight compiles killed at their 2 s deadline, their workers restarted
 def test_a_small_grammar_right_after_eight_slow_ones_compiles(server):
     results: list[tuple[int, dict]] = []

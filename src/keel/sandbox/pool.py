@@ -264,6 +264,8 @@ class WorkerPool:
     def cancel(self, fut: concurrent.futures.Future[Any]) -> None:
         """Give up on a job: a queued one is dropped, a running one's worker is killed."""
         with self._lock:
+            if fut.done():
+                return
             if fut.cancel():
                 self._pending -= 1
                 return

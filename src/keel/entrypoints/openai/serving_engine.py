@@ -93,6 +93,7 @@ class EngineRequest:
     constraints: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (field, constraint) found
     request_id: str | None = None  # the client's id for the response
     client: str | None = None  # who asks (API key, else the peer's address): the engine's fairness unit
+    connection: Request | None = None  # the HTTP request: its client going away cancels the grammar's compile
     prompt_field: str = "prompt"  # the request field errors about the prompt name
     fields: dict[str, str] = field(default_factory=dict)  # engine field -> the request's name for it
 
@@ -176,7 +177,7 @@ class OpenAIServing:
         params = [
             self._choice_params(req, base, max_tokens[p], j, spec) for p in range(len(prompts)) for j in range(fan)
         ]
-        compiled = None if constraint is None else await self._compile(constraint[1], constraint[0])
+        compiled = None if constraint is None else await self._compile(constraint[1], constraint[0], req.connection)
         try:
             return await self._admit(req, prompts, params, fan)
         finally:
@@ -320,7 +321,9 @@ class OpenAIServing:
         except (ValueError, TypeError) as exc:
             raise bad_request(str(exc), req.param(param_of(exc))) from exc
 
-    async def _compile(self, spec: StructuredOutputsParams, field_name: str) -> Compile | None:
+    async def _compile(
+        self, spec: StructuredOutputsParams, field_name: str, connection: Request | None = None
+    ) -> Compile | None:
         """Compile the request's grammar in a sandbox worker and pin its template until the engine has added
         the request: the request waits for its grammar (at most the compile timeout; its compile is killed
         then, or when the client goes away), the running batch does not."""
@@ -331,24 +334,34 @@ class OpenAIServing:
         if compiler.limits != self.grammar_limits:
             compiler.configure(self.grammar_limits)
         timeout = self.grammar_limits.compile_timeout_s
-        deadline = time.monotonic() + timeout
         try:
-            handle = compiler.prepare(spec.kind, getattr(spec, spec.kind), deadline)
-            # the worker is killed at the deadline; what compiled is built here too, which may take as long
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(handle.future)), timeout + 1.0)
-            return handle
-        except asyncio.TimeoutError as exc:
-            handle.cancel()
-            raise bad_request(
-                f"{field_name}: the grammar did not compile within this server's limit of {timeout:g} s", field_name
-            ) from exc
-        except asyncio.CancelledError:
-            handle.cancel()
-            raise
+            handle = compiler.prepare(spec.kind, getattr(spec, spec.kind), time.monotonic() + timeout)
         except GrammarBusy as exc:
             raise APIError(503, str(exc), code="server_overloaded") from exc
         except ValueError as exc:
             raise bad_request(str(exc), param_of(exc) if field_name == "structured_outputs" else field_name) from exc
+        done = asyncio.ensure_future(asyncio.wait_for(asyncio.shield(asyncio.wrap_future(handle.future)), timeout + 1))
+        gone = asyncio.ensure_future(disconnected(connection)) if connection is not None else None
+        try:
+            await asyncio.wait({done} | ({gone} if gone else set()), return_when=asyncio.FIRST_COMPLETED)
+            if not done.done():
+                raise APIError(499, "the client closed the request while its grammar compiled", code="client_closed")
+            done.result()  # the worker is killed at the deadline; what compiled is built here too, as long again
+            return handle
+        except asyncio.TimeoutError as exc:
+            raise bad_request(
+                f"{field_name}: the grammar did not compile within this server's limit of {timeout:g} s", field_name
+            ) from exc
+        except GrammarBusy as exc:
+            raise APIError(503, str(exc), code="server_overloaded") from exc
+        except ValueError as exc:
+            raise bad_request(str(exc), param_of(exc) if field_name == "structured_outputs" else field_name) from exc
+        finally:
+            for task in (done, gone):
+                if task is not None and not task.done():
+                    task.cancel()
+            if not handle.future.done() or handle.future.cancelled() or handle.future.exception() is not None:
+                handle.cancel()
 
     async def _admit(
         self, req: EngineRequest, prompts: list[list[int]], params: list[SamplingParams], fan: int

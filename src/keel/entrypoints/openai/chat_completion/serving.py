@@ -77,6 +77,7 @@ class OpenAIServingChat:
                 constraints=constraints_of(req, prepared.constraints),
                 request_id=req.request_id,
                 client=client_of(raw),
+                connection=raw,
                 prompt_field="messages",
                 fields={"max_tokens": max_field, "logprobs": "top_logprobs"},
             )

@@ -51,6 +51,7 @@ class OpenAIServingCompletion:
                 constraints=constraints_of(req),
                 request_id=req.request_id,
                 client=client_of(raw),
+                connection=raw,
             )
         )
         texts = await self._prompt_texts(req, gen) if req.echo else []
