@@ -2,10 +2,10 @@
 
 Starts `keel serve` itself on a free loopback port (nothing leaves this machine), with an API key, the
 operator's flag for request chat templates (so the template bounds are exercised, not just the refusal),
-3 s template and grammar time limits and small admission limits (--max-num-seqs 4 --max-waiting 12: one n=16 client fills them). For each
-category it runs the cases, while a background client sends a normal 4-token completion every 0.5 s,
-and reports: cases, crashes (the server process gone), 5xx answers, cases whose answer was not the
-expected one, the slowest normal request during the category, and the server's RSS before and after.
+3 s template and grammar time limits and small admission limits (--max-num-seqs 4 --max-waiting 12: one n=16
+client fills them). For each category it runs the cases, while a background client sends a normal 4-token
+completion every 0.5 s, and reports: cases, crashes (the server process gone), 5xx answers, cases whose answer
+was not the expected one, the slowest normal request during the category, and the server's RSS before and after.
 
     python benchmarks/probe/serve.py --model PATH [--sample] [--json OUT]
 
@@ -359,6 +359,10 @@ ROUTES = [
     ("GET", "/v1/models/probe", None),
     ("GET", "/nope", None),
     ("DELETE", "/v1/models", None),
+    ("POST", "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2}),
+    ("GET", "/v1/responses/resp_x", None),
+    ("POST", "/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
 ]
 OPEN = {"/health", "/version", "/metrics"}
 
@@ -646,6 +650,120 @@ def untrusted_cases(sample: bool) -> list[Case]:
     return cases
 
 
+def resp(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "input": "hi", "max_output_tokens": 2, **extra}
+
+
+def msg(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def anthropic_error(status: int, body: Any) -> bool:
+    return 400 <= status < 500 and isinstance(body, dict) and body.get("type") == "error"
+
+
+def agents_cases(sample: bool) -> list[Case]:
+    """/v1/responses and /v1/messages: the grammar, template, depth and size bounds reached through their fields."""
+    slow = patterns_schema(30)
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": slow}}}
+    deep_input = b"[" * 100_000 + b"]" * 100_000
+    deep_use = b'{"type":"tool_use","id":"t","name":"f","input":{"a":' + deep_input + b"}}"
+    deep_msg = b'{"model":"probe","max_tokens":2,"messages":[{"role":"assistant","content":[' + deep_use + b"]}]}"
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 100_000 + "]" * 100_000}
+    cases: list[Case] = [
+        (
+            "responses text.format: 30 intersected patterns",
+            post("/v1/responses", resp(text={"format": {"type": "json_schema", "name": "x", "schema": slow}})),
+            is_4xx_naming("text.format"),
+        ),
+        ("messages tool_use input 10^5 deep", post("/v1/messages", raw=deep_msg), anthropic_error),
+        (
+            "responses function_call arguments 10^5 deep",
+            post("/v1/responses", resp(input=[call])),
+            is_4xx_naming("input.0.arguments"),
+        ),
+        (
+            "count_tokens: a 900 KB system prompt",
+            post(
+                "/v1/messages/count_tokens",
+                {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "system": "a " * 450_000},
+            ),
+            anthropic_error,
+        ),
+        (
+            "GET /v1/responses/<300 characters>",
+            lambda srv: request(srv, "GET", "/v1/responses/" + "x" * 300),
+            is_4xx_naming(),
+        ),
+        (
+            "responses tool_choice required: 30 intersected patterns",
+            post("/v1/responses", resp(tools=[tool], tool_choice="required")),
+            is_4xx_naming("tool_choice"),
+        ),
+        (
+            "messages tool_choice any, streamed: 30 intersected patterns",
+            post(
+                "/v1/messages",
+                msg(
+                    tools=[{"name": "f", "input_schema": tool["parameters"]}], tool_choice={"type": "any"}, stream=True
+                ),
+            ),
+            anthropic_error,
+        ),
+        (
+            "responses: a 900 KB instruction",
+            post("/v1/responses", resp(instructions="a" * 900_000)),
+            is_4xx_naming("input"),
+        ),
+        (
+            "responses previous_response_id unknown",
+            post("/v1/responses", resp(previous_response_id="resp_x")),
+            is_4xx_naming("previous_response_id"),
+        ),
+        (
+            "responses item_reference unknown",
+            post("/v1/responses", resp(input=[{"type": "item_reference", "id": "x"}])),
+            is_4xx_naming("input.0.id"),
+        ),
+        (
+            "responses input_image part",
+            post(
+                "/v1/responses",
+                resp(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]),
+            ),
+            is_4xx_naming("input.0.content.0.type"),
+        ),
+        (
+            "messages image block",
+            post(
+                "/v1/messages",
+                msg(
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [{"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}],
+                        }
+                    ]
+                ),
+            ),
+            anthropic_error,
+        ),
+        (
+            "messages 17 stop sequences",
+            post("/v1/messages", msg(stop_sequences=[str(i) for i in range(17)])),
+            anthropic_error,
+        ),
+        (
+            "messages wrong x-api-key",
+            lambda srv: request(srv, "POST", "/v1/messages", msg(), headers={"x-api-key": "nope"}, key=None),
+            lambda status, body: status == 401 and anthropic_error(status, body),
+        ),
+        ("DELETE /v1/responses/<unknown>", lambda srv: request(srv, "DELETE", "/v1/responses/resp_x"), status_in(404)),
+        ("cancel /v1/responses/<unknown>", post("/v1/responses/resp_x/cancel", {}), status_in(404)),
+    ]
+    return cases[:5] if sample else cases
+
+
 CATEGORIES: dict[str, Callable[[bool], list[Case]]] = {
     "grammars and schemas": grammar_cases,
     "chat templates": template_cases,
@@ -654,6 +772,7 @@ CATEGORIES: dict[str, Callable[[bool], list[Case]]] = {
     "malformed HTTP and JSON": http_cases,
     "slow and non-reading clients": slow_clients_cases,
     "untrusted input in bounded places": untrusted_cases,
+    "agents' APIs (responses, messages)": agents_cases,
 }
 
 

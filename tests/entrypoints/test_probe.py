@@ -22,12 +22,12 @@ TINY_ARGS = ["--device", "cpu", "--dtype", "fp32", "--block-size", "4", "--kv-ca
 def test_probe_sample_has_no_crash_no_5xx_no_unexpected_answer(tiny_model, tmp_path):
     out = tmp_path / "probe.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "probe" / "serve.py"), "--model", str(tiny_model), "--sample"]
-    for category in ("grammars", "templates", "Unicode", "API key", "malformed", "untrusted"):
+    for category in ("grammars", "templates", "Unicode", "API key", "malformed", "untrusted", "agents"):
         cmd += ["--only", category]
     done = subprocess.run([*cmd, "--json", str(out), "--", *TINY_ARGS], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["alive"] and report["exit"] == 0 and len(report["results"]) == 6
+    assert report["alive"] and report["exit"] == 0 and len(report["results"]) == 7
     for r in report["results"]:
         assert r["cases"] > 0 and r["crashes"] == 0 and r["server_errors"] == 0 and not r["unexpected"], r
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from keel.entrypoints.openai.chat_utils import MAX_JSON_DEPTH, json_depth
 from keel.entrypoints.openai.errors import bad_request
 from keel.entrypoints.openai.protocol import OpenAIBaseModel, ResponseModel
 
@@ -137,6 +138,12 @@ class _Conversation(OpenAIBaseModel):
                         f"messages.{i}.content.{k}.type: {kind!r} blocks are not supported by keel serve (it takes "
                         f"{', '.join(BLOCK_TYPES)}: text and client tools)",
                         f"messages.{i}.content.{k}.type",
+                    )
+                depth = json_depth(block.get("input")) if kind == "tool_use" else 0
+                if depth > MAX_JSON_DEPTH:
+                    where = f"messages.{i}.content.{k}.input"
+                    raise bad_request(
+                        f"{where} nests {depth} levels of arrays / objects; at most {MAX_JSON_DEPTH}", where
                     )
         tools = data.get("tools")
         for i, tool in enumerate(tools if isinstance(tools, list) else []):

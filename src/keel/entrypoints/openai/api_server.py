@@ -249,6 +249,14 @@ def _too_large(limit: int) -> APIError:
     )
 
 
+def agents_apis(
+    serving: OpenAIServing, limits: ServerConfig
+) -> tuple[OpenAIServingResponses, AnthropicServingMessages]:
+    """The Responses API (with the store of its responses) and Anthropic's Messages API over the serving layer."""
+    store = ResponseStore(limits.response_store_mib << 20, limits.response_store_ttl_s)
+    return OpenAIServingResponses(serving, store), AnthropicServingMessages(serving)
+
+
 def build_app(
     engine: AsyncEngine,
     *,
@@ -295,11 +303,8 @@ def build_app(
     app.state.engine, app.state.serving, app.state.started = engine, serving, int(time.time())
     app.state.ready, app.state.warm_up = not require_warm_up, None
     app.state.completion, app.state.chat = OpenAIServingCompletion(serving), OpenAIServingChat(serving)
-    store = ResponseStore(limits.response_store_mib << 20, limits.response_store_ttl_s)
-    app.state.responses = OpenAIServingResponses(serving, store)
-    app.state.messages = AnthropicServingMessages(serving)
-    routers = (completion_router, chat_router, responses_router, messages_router, models_router, tokenize_router)
-    for router in routers:
+    app.state.responses, app.state.messages = agents_apis(serving, limits)
+    for router in (completion_router, chat_router, responses_router, messages_router, models_router, tokenize_router):
         app.include_router(router)
 
     @app.get("/health")

@@ -16,6 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from keel.entrypoints.openai.chat_utils import MAX_JSON_DEPTH, json_depth
 from keel.entrypoints.openai.errors import bad_request
 from keel.entrypoints.openai.protocol import OpenAIBaseModel, ResponseModel
 
@@ -236,6 +237,11 @@ class ResponsesRequest(OpenAIBaseModel):
                     f"{', '.join(ITEM_TYPES)}: text and function tools)",
                     f"input.{i}.type",
                 )
+            args = item.get("arguments") if kind == "function_call" else None
+            depth = json_depth(args) if isinstance(args, str) else 0
+            if depth > MAX_JSON_DEPTH:
+                where = f"input.{i}.arguments"
+                raise bad_request(f"{where} nests {depth} levels of arrays / objects; at most {MAX_JSON_DEPTH}", where)
             for key in ("content", "output"):
                 parts = item.get(key)
                 for k, part in enumerate(parts if isinstance(parts, list) else []):
