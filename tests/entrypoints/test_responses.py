@@ -21,7 +21,12 @@ pytestmark = needs_ops
 WEATHER = {
     "type": "function",
     "name": "get_weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "parameters": {  # an enum keeps a random model's forced call short
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
 }
 
 
@@ -185,3 +190,20 @@ def test_tool_choice_auto_reads_hermes_calls_whole_and_streamed(tool_model):
         assert final.output[0].content[0].text == "Let me check." and final.output[1].arguments == args
     finally:
         s.stop()
+
+
+def test_a_forced_call_replaces_the_text_format(server):
+    """tool_choice required writes a call, not text: the call's schema applies, not text.format / response_format
+    (what an agent with a structured final answer sends on its tool turns)."""
+    client, fmt = server.client(), {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
+    kw = dict(model=MODEL_NAME, temperature=0, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    r = client.responses.create(**kw, input="hi", text={"format": fmt}, max_output_tokens=200)
+    assert [o.type for o in r.output] == ["function_call"] and r.output[0].name == "get_weather"
+    chat_tool = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    c = client.chat.completions.create(
+        **{**kw, "tools": [chat_tool]},
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=200,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+    )
+    assert c.choices[0].message.tool_calls[0].function.name == "get_weather"

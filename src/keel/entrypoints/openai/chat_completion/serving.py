@@ -74,7 +74,7 @@ class OpenAIServingChat:
                 best_of=req.best_of,
                 add_special_tokens=req.add_special_tokens,
                 truncate_prompt_tokens=req.truncate_prompt_tokens,
-                constraints=constraints_of(req, prepared.constraints),
+                constraints=self._constraints(req, prepared),
                 request_id=req.request_id,
                 client=client_of(raw),
                 connection=raw,
@@ -86,6 +86,15 @@ class OpenAIServingChat:
         return await s.respond(
             raw, req.stream, gen, lambda: self._events(req, gen, plan), lambda: self._body(req, gen, plan)
         )
+
+    @staticmethod
+    def _constraints(req: ChatCompletionRequest, prepared: Prepared) -> list[tuple[str, dict[str, Any]]]:
+        """The request's output constraints and its tools'; a forced call writes no text for response_format to
+        format, so the call's schema replaces it (any other two constraints are a 400)."""
+        found = constraints_of(req, prepared.constraints)
+        if prepared.constraints:
+            found = [c for c in found if c[0] != "response_format"]
+        return found
 
     def _echo(self, req: ChatCompletionRequest) -> str:
         last = req.messages[-1]
