@@ -663,7 +663,13 @@ def anthropic_error(status: int, body: Any) -> bool:
 
 
 def agents_cases(sample: bool) -> list[Case]:
-    """/v1/responses and /v1/messages: the grammar, template, depth and size bounds reached through their fields."""
+    """/v1/responses and /v1/messages: the grammar, template, depth and size bounds reached through their fields,
+    and the refusals of what they do not take."""
+    cases = _agents_bound_cases() + _agents_refusal_cases()
+    return cases[:5] if sample else cases
+
+
+def _agents_bound_cases() -> list[Case]:
     slow = patterns_schema(30)
     tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": slow}}}
     deep_input = b"[" * 100_000 + b"]" * 100_000
@@ -715,6 +721,12 @@ def agents_cases(sample: bool) -> list[Case]:
             post("/v1/responses", resp(instructions="a" * 900_000)),
             is_4xx_naming("input"),
         ),
+    ]
+    return cases
+
+
+def _agents_refusal_cases() -> list[Case]:
+    return [
         (
             "responses previous_response_id unknown",
             post("/v1/responses", resp(previous_response_id="resp_x")),
@@ -761,7 +773,6 @@ def agents_cases(sample: bool) -> list[Case]:
         ("DELETE /v1/responses/<unknown>", lambda srv: request(srv, "DELETE", "/v1/responses/resp_x"), status_in(404)),
         ("cancel /v1/responses/<unknown>", post("/v1/responses/resp_x/cancel", {}), status_in(404)),
     ]
-    return cases[:5] if sample else cases
 
 
 CATEGORIES: dict[str, Callable[[bool], list[Case]]] = {

@@ -288,8 +288,13 @@ def stream_rows(srv: Server, quick: bool) -> list[Row]:
                 "POST",
                 "/v1/completions",
                 cmpl(n=16, prompt="7" * 1000, prompt_logprobs=20, max_tokens=1),
-                timeout=600,
+                timeout=120,  # then the client gives up: its requests are aborted
             ),
+        ),
+        (
+            "3 clients: 8,000-token prompts",
+            3,
+            lambda s: request(s, "POST", "/v1/completions", cmpl(prompt="7" * 8000, max_tokens=1), timeout=120),
         ),
     ]
     rows: list[Row] = []
@@ -311,7 +316,7 @@ def slot_rows(srv: Server, quick: bool) -> list[Row]:
     short = cmpl(max_tokens=1)
     _, base = timed(srv, "/v1/completions", short)
     hog = cmpl(n=16, max_tokens=64 if quick else 4096, ignore_eos=True)
-    with attack(srv, 4, lambda s: request(s, "POST", "/v1/completions", hog, timeout=900)):
+    with attack(srv, 4, lambda s: request(s, "POST", "/v1/completions", hog, timeout=45)):
         status, during = timed(srv, "/v1/completions", short)
     rows = [
         Row(
@@ -324,8 +329,8 @@ def slot_rows(srv: Server, quick: bool) -> list[Row]:
         )
     ]
     if not quick:
-        long = cmpl(prompt="7 " * 2750, max_tokens=1)  # about 5,500 tokens
-        with attack(srv, 6, lambda s: request(s, "POST", "/v1/completions", long, timeout=900)):
+        long = cmpl(prompt="7" * 5500, max_tokens=1)  # 5,500 tokens: digits are one token each in SmolLM2
+        with attack(srv, 6, lambda s: request(s, "POST", "/v1/completions", long, timeout=90)):
             ttft, _ = stream(srv, max_tokens=8)
         rows.append(Row("six 5,500-token prompts queued", "8-token stream first token s", "", round(ttft, 2), "", None))
     return rows
