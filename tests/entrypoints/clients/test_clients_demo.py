@@ -12,7 +12,7 @@ import pytest
 from support import clients as scenarios
 from support.serve import MODEL_NAME, Served, needs_ops, start_server
 
-pytestmark = needs_ops
+pytestmark = [needs_ops, pytest.mark.slow]  # the real 135M model
 
 
 @pytest.fixture(scope="module")

@@ -129,35 +129,3 @@ def plan_tools(
             "makes any model write a valid call)"
         )
     return ToolPlan("auto", family), []
-
-
-# the names chat completions used before the parsers became a package
-def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
-    return HermesParser(stream=False).parse(text)
-
-
-def calls_from_required(text: str) -> list[ToolCall]:
-    return RequiredParser(stream=False).parse(text)[1]
-
-
-class HermesStreamParser:
-    """("content", text) / ("call", ToolCall) events of a streamed Hermes output."""
-
-    def __init__(self) -> None:
-        self._parser = HermesParser(stream=True)
-
-    @staticmethod
-    def _pairs(events: list[Event]) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        for e in events:
-            if isinstance(e, Text) and e.text:
-                out.append(("content", e.text))
-            elif isinstance(e, CallEnd):
-                out.append(("call", e.call))
-        return out
-
-    def feed(self, delta: str) -> list[tuple[str, Any]]:
-        return self._pairs(self._parser.feed(delta))
-
-    def finish(self) -> list[tuple[str, Any]]:
-        return self._pairs(self._parser.finish())
