@@ -256,20 +256,30 @@ class LLMEngine:
                 out[tid] = Logprob(lp, rank, self.decoded_token(tid))
         return out
 
-    def add_sequence(self, request_id: str, seq: Sequence) -> None:
-        """Queue a sequence made by `make_sequence` under `request_id`."""
+    def add_sequence(self, request_id: str, seq: Sequence, *, client: str | None = None) -> None:
+        """Queue a sequence made by `make_sequence` under `request_id`, for `client` (the scheduler shares slots
+        and prefill among clients; None: the anonymous one)."""
         with self._exclusive("add_request"):
             if request_id in self._requests:
                 raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
-            seq.request_id, seq.start_s = request_id, time.perf_counter()
+            seq.request_id, seq.start_s, seq.client = request_id, time.perf_counter(), client
             self._requests[request_id] = seq
             self.scheduler.add(seq)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
-        """Queue a prompt (text or token ids); it joins the batch at the next step."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        client: str | None = None,
+    ) -> None:
+        """Queue a prompt (text or token ids) from `client` (see `add_sequence`); it joins the batch at the next
+        step."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
-        self.add_sequence(request_id, self.make_sequence(f"request {request_id!r}", prompt, params or SamplingParams()))
+        seq = self.make_sequence(f"request {request_id!r}", prompt, params or SamplingParams())
+        self.add_sequence(request_id, seq, client=client)
 
     def abort_request(self, request_id: str, *, report: bool = True) -> None:
         """Stop a request and free its blocks now; the next step reports it with finish_reason "abort"
