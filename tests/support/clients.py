@@ -62,7 +62,8 @@ def responses_plain(client: Any, model: str) -> Any:
     return r
 
 
-def responses_streamed(client: Any, model: str) -> None:
+def responses_streamed(client: Any, model: str, whole: Any) -> None:
+    """Streamed: the events in OpenAI's order, their deltas the text of `whole` (the same request, greedy)."""
     kinds, deltas, final = [], [], None
     for event in client.responses.create(
         model=model, input="What is the capital of France?", max_output_tokens=12, temperature=0, stream=True
@@ -80,7 +81,6 @@ def responses_streamed(client: Any, model: str) -> None:
     ]
     assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
     assert final is not None and final.output_text == "".join(deltas) and len(deltas) >= 2
-    whole = responses_plain(client, model)  # greedy: the stream and the whole answer agree
     assert final.output_text == whole.output_text
 
 

@@ -26,8 +26,9 @@ def server(smollm2_fp32: Path) -> Iterator[Served]:
 
 def test_openai_responses(server):
     client = server.client()
-    assert "Paris" in scenarios.responses_plain(client, MODEL_NAME).output_text
-    scenarios.responses_streamed(client, MODEL_NAME)
+    whole = scenarios.responses_plain(client, MODEL_NAME)
+    assert "Paris" in whole.output_text
+    scenarios.responses_streamed(client, MODEL_NAME, whole)
     scenarios.responses_json_schema(client, MODEL_NAME)
     scenarios.responses_tool_round_trips(client, MODEL_NAME)
 

@@ -25,7 +25,7 @@ def server(tool_model: Path) -> Iterator[Served]:
 
 def test_openai_responses(server):
     client = server.client()
-    scenarios.responses_streamed(client, MODEL_NAME)
+    scenarios.responses_streamed(client, MODEL_NAME, scenarios.responses_plain(client, MODEL_NAME))
     scenarios.responses_json_schema(client, MODEL_NAME)
     scenarios.responses_tool_round_trips(client, MODEL_NAME)
 
