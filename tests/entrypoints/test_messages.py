@@ -149,3 +149,17 @@ def test_tool_choice_auto_reads_hermes_calls_as_tool_use(tool_model):
         assert final.stop_reason == "tool_use"
     finally:
         s.stop()
+
+
+def test_a_final_assistant_message_is_continued(server):
+    """Anthropic's prefill: the answer continues the last assistant message (chat's continue_final_message)."""
+    convo = [*USER, {"role": "assistant", "content": "The answer is"}]
+    m = client(server).messages.create(model=MODEL_NAME, max_tokens=2, messages=convo)
+    chat = server.client(api_key=KEY).chat.completions.create(
+        model=MODEL_NAME,
+        messages=convo,
+        max_tokens=2,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert m.usage.input_tokens == chat.usage.prompt_tokens
+    assert client(server).messages.count_tokens(model=MODEL_NAME, messages=convo).input_tokens == m.usage.input_tokens

@@ -207,3 +207,22 @@ def test_a_forced_call_replaces_the_text_format(server):
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
     )
     assert c.choices[0].message.tool_calls[0].function.name == "get_weather"
+
+
+def test_a_stream_the_client_leaves_is_stored_as_cancelled(server):
+    import time
+
+    client, control = server.client(), StepControl(server.engine.engine)
+    control.pause()  # the engine holds the response in progress
+    try:
+        stream = client.responses.create(model=MODEL_NAME, input="hi", max_output_tokens=50, store=True, stream=True)
+        first = next(iter(stream))
+        assert first.type == "response.created" and first.response.status == "in_progress"
+        stream.close()
+        deadline = time.monotonic() + 30
+        while client.responses.retrieve(first.response.id).status == "in_progress" and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        control.restore()
+    assert client.responses.retrieve(first.response.id).status == "cancelled"
+    server.wait_idle()

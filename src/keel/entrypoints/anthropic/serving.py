@@ -35,13 +35,18 @@ class AnthropicServingMessages:
         self.serving = serving
 
     def _conversation(self, req: CountTokensRequest | MessagesRequest) -> Conversation:
+        """The request as a chat; a final assistant message is a prefill the answer continues (Anthropic's rule)."""
         choice, name = req.choice
+        messages = req.conversation()
+        prefill = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
         return Conversation(
-            messages=req.conversation(),
+            messages=messages,
             tools=req.tool_specs(),
             tool_choice=choice,
             function=name,
             parallel_tool_calls=req.parallel,
+            add_generation_prompt=not prefill,
+            continue_final_message=prefill,
         )
 
     async def count_tokens(self, req: CountTokensRequest) -> JSONResponse:

@@ -185,7 +185,10 @@ class _Run:
         self.gen.close()
 
     def close(self) -> None:
+        """The stream ended however it ended: a response the client left mid-stream is stored as cancelled."""
         self.gen.close()
+        if self.status == "in_progress":
+            self._finish("cancelled")
 
     def body(self) -> dict[str, Any]:
         req, usage = self.req, None
