@@ -119,6 +119,7 @@ class Scheduler:
         self.max_num_blocks = max_num_blocks
         self.block_manager = BlockManager(0, block_size, enable_prefix_caching=enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
+        self._waiting_by: Counter[str | None] = Counter()  # waiting sequences per client (none: no key)
         self.running: list[Sequence] = []  # admission order: the last one of a client is preempted first
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # prompts admitted (each counted once, at its first admission)
@@ -127,6 +128,13 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self._waiting_by[seq.client] += 1
+
+    def _unqueue(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        self._waiting_by[seq.client] -= 1
+        if not self._waiting_by[seq.client]:
+            del self._waiting_by[seq.client]
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -136,7 +144,7 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
-            self.waiting.remove(seq)
+            self._unqueue(seq)
         self.block_manager.release(seq)
 
     def commit(self, seq: Sequence, num_tokens: int | None = None) -> None:
@@ -206,17 +214,13 @@ class Scheduler:
         preemption for blocks (`short`), only an under-served client's: any other admission would take the
         blocks the running ones need."""
         twins = {(s.client, s.prompt_key): s for s in self.running if self._computes_shared_blocks(s)}
-        queues: dict[str | None, deque[Sequence]] = {}
-        for seq in self.waiting:
-            queues.setdefault(seq.client, deque()).append(seq)
+        queue = _ByClient(self.waiting, self._waiting_by)
         held = Counter(s.client for s in self.running)
-        while queues and len(prompts) < self.max_num_batched_tokens - len(decodes):
-            client = min(queues, key=held.__getitem__)  # (ties: the client that has waited longest)
+        while queue.left and len(prompts) < self.max_num_batched_tokens - len(decodes):
+            client = min(queue.left, key=held.__getitem__)  # (ties: the client that has waited longest)
             if short and held[client] + 1 >= max(held.values(), default=0):
                 break
-            seq = queues[client].popleft()
-            if not queues[client]:
-                del queues[client]
+            seq = queue.pop(client)
             twin = twins.get((client, seq.prompt_key))
             if twin is not None and not seq.output_ids and twin.prompt_token_ids == seq.prompt_token_ids:
                 seq.leader = twin  # computed once: this one waits for the twin's prefill
@@ -234,7 +238,7 @@ class Scheduler:
                 if victim is None:
                     return
                 self._evict(victim, held, decodes, prompts)
-            self.waiting.remove(seq)
+            self._unqueue(seq)
             self.running.append(seq)
             held[client] += 1
             prompts.append(seq)
@@ -312,6 +316,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.release(seq)
         self.waiting.appendleft(seq)
+        self._waiting_by[seq.client] += 1
         self.num_preemptions += 1
 
     def _admit(self, seq: Sequence, hit: PrefixHit, new_tokens: int) -> bool:
@@ -327,6 +332,28 @@ class Scheduler:
             self.prefix_cache_queries += seq.num_prompt
             self.prefix_cache_hits += seq.num_cached_tokens
         return True
+
+
+class _ByClient:
+    """One step's view of the waiting queue by client, read from the left only as far as admission gets (a
+    step that admits a few sequences of one client does not walk thousands of waiting ones)."""
+
+    def __init__(self, waiting: deque[Sequence], counts: Counter[str | None]) -> None:
+        self.pending, self.at = list(waiting), 0
+        self.left = Counter(counts)  # sequences of each client not popped yet (clients with none: no key)
+        self.queues: dict[str | None, deque[Sequence]] = {}
+
+    def pop(self, client: str | None) -> Sequence:
+        """The next waiting sequence of `client` (which has one left)."""
+        queue = self.queues.setdefault(client, deque())
+        while not queue:
+            seq = self.pending[self.at]
+            self.at += 1
+            self.queues.setdefault(seq.client, deque()).append(seq)
+        self.left[client] -= 1
+        if not self.left[client]:
+            del self.left[client]
+        return queue.popleft()
 
 
 def water_fill(demands: list[int], total: int) -> list[int]:
