@@ -180,7 +180,7 @@ class ThreadRecordingEngine(CountdownEngine):
 def test_start_builds_the_engine_on_the_thread_that_runs_it():
     """`AsyncEngine.start` (what `keel serve` uses) builds the engine on the engine thread, which then steps
     it: one thread, so one OpenMP team in the process (a model loaded on the main thread and run on another
-    left two, and a 64-token prefill step took 1.6x as long)."""
+    leaves two, which slows prefill steps: docs/measurements/2026-12-03-prefetch.md)."""
     engine = AsyncEngine.start(ThreadRecordingEngine, max_admitted=2)
     fake = engine.engine
 

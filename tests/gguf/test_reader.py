@@ -151,7 +151,7 @@ def test_nested_arrays_within_the_limit_read(tmp_path):
 
 @pytest.mark.parametrize("depth", [9, 5000])
 def test_deeply_nested_arrays_are_a_clear_error(tmp_path, depth):
-    # a crafted file: 5000 levels used to end in RecursionError; the writer itself recurses, so build bytes
+    # a crafted file 5000 levels deep must not recurse that deep; the writer itself recurses, so build bytes
     inner = struct.pack("<IQ", U32, 1) + struct.pack("<I", 7)
     blob = struct.pack("<IQ", ARR, 1) * (depth - 1) + inner
     key = b"nest"
