@@ -53,7 +53,7 @@ def schema_body(schema: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def patterns_schema(n: int) -> dict[str, Any]:
-    """The issue's schema: a string that must match n `.*x.*` patterns at once."""
+    """A string that must match n `.*x.*` patterns at once (their intersection grows exponentially)."""
     return {"type": "string", "allOf": [{"pattern": f".*{c}.*"} for c in (string.ascii_letters[:n])]}
 
 
@@ -65,6 +65,34 @@ def referenced_patterns_schema(n: int) -> dict[str, Any]:
         "type": "string",
         "allOf": [{"$ref": f"#/$defs/{c}"} for c in letters],
     }
+
+
+# ---- who asks -------------------------------------------------------------------------------------------------
+
+
+def test_each_request_reaches_the_engine_with_its_client(server):
+    """The engine's per-client shares key on the API key (a digest of it) or, without one, the peer's address."""
+    llm = server.engine.engine
+    seen: list[str | None] = []
+    original = llm.add_request
+
+    def spy(*args: Any, client: str | None = None, **kwargs: Any) -> Any:
+        seen.append(client)
+        return original(*args, client=client, **kwargs)
+
+    llm.add_request = spy
+    try:
+        body = json.dumps({"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1, "n": 2}).encode()
+        for headers in ({}, {"authorization": "Bearer secret-one"}):
+            req = urllib.request.Request(
+                server.base_url + "/v1/completions", body, {"content-type": "application/json", **headers}
+            )
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                assert resp.status == 200
+    finally:
+        llm.add_request = original
+    assert len(seen) == 4 and seen[0] == seen[1] and seen[2] == seen[3], seen
+    assert seen[0].startswith("127.0.0.1:") and seen[2].startswith("key:") and "secret" not in seen[2]
 
 
 # ---- grammars ------------------------------------------------------------------------------------------------
@@ -181,7 +209,7 @@ def test_tokenizing_a_long_text_leaves_the_event_loop_running(tiny_model):
     from keel.hf.tokenizer import Tokenizer
 
     pool = TokenizerPool(Tokenizer(tiny_model), 128)
-    text = "7" * 100_000  # about 0.2 s here
+    text = "7" * 300_000  # about half a second here
 
     async def main() -> tuple[int, float]:
         ticks, done = 0, asyncio.Event()
@@ -206,7 +234,7 @@ def test_tokenizing_a_long_text_leaves_the_event_loop_running(tiny_model):
     finally:
         pool.close()
     assert took > 0.1, "the text tokenized too fast to tell"
-    assert ticks >= 5, f"the event loop ticked {ticks} times in {took:.2f} s of tokenizing"
+    assert ticks >= 10, f"the event loop ticked {ticks} times in {took:.2f} s of tokenizing"  # GIL held: 3 at most
 
 
 # ---- bad words and stop strings ---------------------------------------------------------------------------------
@@ -320,6 +348,32 @@ def test_masks_that_empty_a_later_step_are_a_client_error_not_an_engine_error(se
         error = json.loads(events[-2])["error"]
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_value", error
     assert "nothing can be sampled at output token 2" in error["message"] and "bad_words" in error["message"]
+
+
+def test_a_grammar_stopped_by_its_parser_limits_mid_generation_is_a_400(server):
+    """With at most 20 Earley items per token mask, a schema of arrays of objects passes its compile (the first
+    mask) and stops a few tokens in; the request is refused naming the field, not cut short as a stop."""
+    import dataclasses
+
+    from keel.structured.grammar import ParserLimits
+
+    serving = server.thread.app.serving
+    before = serving.grammar_limits
+    serving.grammar_limits = dataclasses.replace(before, parser=ParserLimits(step_max_items=20))
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "array", "items": {"type": "object", "properties": {"b": {"type": "string"}}}}},
+        "required": ["a"],
+    }
+    try:
+        status, answer = call(server.base_url, "/v1/completions", schema_body(schema, max_tokens=60))
+    finally:
+        serving.grammar_limits = before
+    assert status == 400 and answer["error"]["param"] == "response_format", answer
+    assert (
+        "matcher stopped at output token" in answer["error"]["message"]
+        and "Too many items" in answer["error"]["message"]
+    )
 
 
 # ---- deep JSON in tool calls ----------------------------------------------------------------------------------

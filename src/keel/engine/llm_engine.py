@@ -420,6 +420,13 @@ class LLMEngine:
         grammar_done = False
         if seq.matcher is not None:
             ok = seq.matcher.consume_token(token)
+            if seq.matcher.is_error():  # stopped by its parser limits (its mask allowed only eos): the grammar's cost
+                seq.finish, seq.end_s, seq.error_param = FinishReason.ERROR, now, "structured_outputs"
+                seq.error = (
+                    f"structured_outputs: the grammar's matcher stopped at output token {len(seq.output_ids)}: "
+                    f"{seq.matcher.get_error()}"
+                )
+                return ""
             grammar_done = not ok or seq.matcher.is_stopped()
         assert seq.detok is not None
         if may_stop and ((token in self.eos_token_ids and not p.ignore_eos) or token in (p.stop_token_ids or ())):

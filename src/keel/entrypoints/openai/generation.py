@@ -57,6 +57,7 @@ class Generation:
     arrival_s: float
     created: int = field(default_factory=lambda: int(time.time()))
     keep: int | None = None  # best_of > n: keep the n candidates of highest cumulative logprob per prompt
+    fields: dict[str, str] = field(default_factory=dict)  # engine field -> the request's name (error params)
     _best: list[Choice] | None = None
 
     async def outputs(self) -> AsyncIterator[tuple[Choice, Any]]:
@@ -82,7 +83,7 @@ class Generation:
             if out.finished:
                 error = getattr(out, "error", None)
                 if out.finish_reason == "error" or error is not None:  # this request failed alone
-                    raise _failure(out, error)
+                    raise _failure(out, error, self.fields)
                 if out.finish_reason != "stop" and out.finish_reason != "length":
                     raise APIError(503, f"the engine ended the request ({out.finish_reason}); retry later")
                 choice.finish_reason = "stop" if out.finish_reason == "stop" else "length"  # checked above
@@ -127,10 +128,12 @@ class Generation:
         self.stream.close()
 
 
-def _failure(out: Any, error: str | None) -> APIError:
-    """A failed sub-request's error: the client's (its fields leave nothing to sample) or the engine's."""
+def _failure(out: Any, error: str | None, fields: dict[str, str]) -> APIError:
+    """A failed sub-request's error: the client's (its fields leave nothing to sample, its grammar stopped) or
+    the engine's."""
     param = getattr(out, "error_param", None)
     if param is not None:
+        param = fields.get(param, param)
         return APIError(400, error or "nothing can be sampled for this request", param=param, code="invalid_value")
     return APIError(500, f"the engine failed this request: {error or 'unknown error'}", code="engine_error")
 

@@ -179,10 +179,12 @@ class OpenAIServing:
         ]
         compiled = None if constraint is None else await self._compile(constraint[1], constraint[0], req.connection)
         try:
-            return await self._admit(req, prompts, params, fan)
+            gen = await self._admit(req, prompts, params, fan)
         finally:
             if compiled is not None:
                 compiled.compiler.release(compiled.key)  # the engine copied the template (or refused the request)
+        gen.fields = {**req.fields, **({"structured_outputs": constraint[0]} if constraint else {})}
+        return gen
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model_name:
@@ -378,7 +380,7 @@ class OpenAIServing:
                     index=p * fan + j, prompt_index=p, prompt_tokens=len(ptoks), prompt_token_ids=ptoks
                 )
         try:
-            stream = await self.engine.open(ids, prompt_ids, params)
+            stream = await self.engine.open(ids, prompt_ids, params, client=req.client)
         except Overloaded as exc:
             raise APIError(503, str(exc), code="server_overloaded") from exc
         except EngineDead as exc:
