@@ -14,6 +14,10 @@ scenario, measures the victim's figure alone, then again while the attack runs:
 - request chat templates that run until killed (/tokenize latency).
 
     python benchmarks/probe/untrusted.py --model PATH [--quick] [--json OUT] [-- keel serve args]
+    python benchmarks/probe/untrusted.py --model PATH --offline
+
+`--offline` starts no server: it times llguidance's phases on the n-pattern schema (which phase grows,
+and that its parser limits do not bound it) and how long `tokenizers` holds the GIL per call.
 
 `--quick` shortens every window (what tests/entrypoints/test_probe.py runs on a tiny checkpoint). Prints a
 table: scenario, measure, baseline, during, goal, met.
@@ -347,6 +351,97 @@ def template_rows(srv: Server, quick: bool) -> list[Row]:
     return [Row(name, "/tokenize max s", round(max(base), 3), round(max(during), 3), "", None)]
 
 
+PHASES_CODE = """
+import json, resource, string, sys, time
+import llguidance
+from llguidance import LLMatcher
+path, n = sys.argv[1], int(sys.argv[2])
+tok = llguidance.LLTokenizer(open(path).read(), n_vocab=int(sys.argv[3]), eos_token=None)
+schema = {"type": "string", "allOf": [{"pattern": f".*{c}.*"} for c in string.ascii_letters[:n]]}
+small = llguidance.LLParserLimits(max_lexer_states=1000, initial_lexer_fuel=10000, step_lexer_fuel=10000)
+base, out, made = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, {}, {}
+def timed(name, fn):
+    t = time.perf_counter()
+    result = fn()
+    out[name] = time.perf_counter() - t
+    return result
+g = timed("schema -> grammar s", lambda: LLMatcher.grammar_from_json_schema(json.dumps(schema)))
+timed("validate_grammar s", lambda: LLMatcher.validate_grammar(g, tok))
+m = timed("LLMatcher() s", lambda: LLMatcher(tok, g, log_level=0))
+timed("first mask s", m.compute_bitmask)
+timed("LLMatcher() under small limits s", lambda: LLMatcher(tok, g, log_level=0, limits=small))
+out["peak RSS growth MiB"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+print(json.dumps(out))
+"""
+
+
+def phase_rows(model: str) -> list[Row]:
+    """Where llguidance spends on an n-pattern allOf schema (each n in a fresh process, without limits)."""
+    from keel.hf.config import read_config_json
+    from keel.hf.resolve import resolve_model
+
+    folder = resolve_model(model, None)
+    vocab = read_config_json(folder / "config.json")["vocab_size"]
+    rows: list[Row] = []
+    for n in (12, 14, 16, 17):
+        cmd = [sys.executable, "-c", PHASES_CODE, str(folder / "tokenizer.json"), str(n), str(vocab)]
+        got = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout)
+        rows += [
+            Row(f"allOf of {n} patterns, no sandbox", k, "", round(v, 4 if v < 1 else 2), "", None)
+            for k, v in got.items()
+        ]
+    return rows
+
+
+def gil_rows(model: str) -> list[Row]:
+    """How long `tokenizers` holds the GIL: the largest gap of a 1 ms ticker thread during each call on 1 MB of
+    digits (a call that holds the GIL throughout stops the ticker for its whole length)."""
+    from tokenizers import Tokenizer
+
+    from keel.hf.resolve import resolve_model
+
+    tok = Tokenizer.from_file(str(resolve_model(model, None) / "tokenizer.json"))
+    ids = tok.encode(MB_DIGITS).ids
+    calls: dict[str, Callable[[], Any]] = {
+        "encode": lambda: tok.encode(MB_DIGITS),
+        "encode_batch": lambda: tok.encode_batch([MB_DIGITS]),
+        "decode": lambda: tok.decode(ids),
+        "decode_batch": lambda: tok.decode_batch([ids]),
+    }
+    rows: list[Row] = []
+    for name, fn in calls.items():
+        gaps: list[float] = [0.0]
+        stop = threading.Event()
+        t = threading.Thread(target=_tick, args=(stop, gaps))
+        t.start()
+        time.sleep(0.05)
+        t0 = time.perf_counter()
+        fn()
+        took = time.perf_counter() - t0
+        stop.set()
+        t.join()
+        rows.append(
+            Row(
+                f"tokenizers {name} of 1 MB of digits",
+                "call s / largest ticker gap s",
+                "",
+                f"{took:.2f} / {max(gaps):.2f}",
+                "",
+                None,
+            )
+        )
+    return rows
+
+
+def _tick(stop: threading.Event, gaps: list[float]) -> None:
+    last = time.perf_counter()
+    while not stop.is_set():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+
+
 SCENARIOS: dict[str, Callable[[Server, bool], list[Row]]] = {
     "grammars": grammar_rows,
     "floods": flood_rows,
@@ -370,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short windows, fewer attacks (the test suite's run)")
     ap.add_argument("--only", action="append", default=[], help="run only scenarios whose name contains this")
     ap.add_argument("--json", default=None, help="write the rows as JSON here")
+    ap.add_argument(
+        "--offline", action="store_true", help="no server: where llguidance spends on allOf schemas, tokenizers' GIL"
+    )
     ap.add_argument("--victim", choices=("health", "stream"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--arg", type=float, help=argparse.SUPPRESS)
@@ -380,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.victim == "stream":
         print(json.dumps(_stream(args.port, int(args.arg))))
+        return 0
+    if args.offline:
+        print(table(phase_rows(args.model) + gil_rows(args.model)))
         return 0
     # keel serve's own admission defaults (the hostile probe's small ones would refuse the victims)
     srv = Server(args.model, ["--max-num-seqs", "64", "--max-waiting", "256", *args.serve_args])

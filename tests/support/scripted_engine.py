@@ -67,7 +67,7 @@ class ScriptedEngine:
         self.params_seen: list[Any] = []
         self.prompts_seen: list[list[int]] = []
 
-    def add_request(self, request_id: str, prompt: Any, params: Any = None) -> None:
+    def add_request(self, request_id: str, prompt: Any, params: Any = None, *, client: str | None = None) -> None:
         self.params_seen.append(params)
         self.prompts_seen.append(list(prompt))
         self.requests[request_id] = _Req(params, list(prompt))
