@@ -480,9 +480,8 @@ class GrammarCompiler:
         return mask
 
     def close(self) -> None:
-        """Stop the compile workers (their processes) and the build threads."""
+        """Stop the compile worker processes (a later compile starts new ones)."""
         with self._lock:
             workers, self._workers = self._workers, None
         if workers is not None:
             workers.close()
-        self.builders.close()

@@ -122,9 +122,12 @@ class OpenAIServing:
         self.draining = False  # set on SIGTERM / SIGINT: new requests get 503
 
     def close(self) -> None:
-        """Stop the worker pools this layer owns."""
+        """Stop the worker pools this layer owns, and the engine's grammar workers it started."""
         self.templates.close()
         self.tokens.close()
+        grammars = getattr(self.engine.engine, "_grammars", None)
+        if grammars is not None:
+            grammars.close()
 
     # ---- what routes call before they have an EngineRequest -------------------------------------
 
