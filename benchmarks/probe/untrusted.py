@@ -480,7 +480,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_stream(args.port, int(args.arg))))
         return 0
     if args.offline:
-        print(table(phase_rows(args.model) + gil_rows(args.model)))
+        rows = phase_rows(args.model) + gil_rows(args.model)
+        print(
+            "\n".join(
+                ["| case | measure | value |", "|---|---|---:|"]
+                + [f"| {r.scenario} | {r.measure} | {r.during} |" for r in rows]
+            )
+        )
         return 0
     # keel serve's own admission defaults (the hostile probe's small ones would refuse the victims)
     srv = Server(args.model, ["--max-num-seqs", "64", "--max-waiting", "256", *args.serve_args])
