@@ -15,9 +15,10 @@ def test_the_bound_holds_for_the_tiny_checkpoints_tokenizer(tiny_hf):
     per_token = tok.max_chars_per_token()
     assert per_token is not None and per_token >= 1
     rng = random.Random(0)
-    vocab = [tok.decode([t], skip_special_tokens=True) for t in range(tok.vocab_size)]
-    for _ in range(50):  # texts made of the vocabulary's own longest pieces, the worst case for the bound
-        text = "".join(rng.choice(sorted(vocab, key=len)[-20:]) for _ in range(rng.randint(1, 60)))
+    pieces = sorted((tok.decode([t], skip_special_tokens=False) for t in range(tok.vocab_size)), key=len)[-20:]
+    texts = [pieces[-1] * 7]  # the longest piece alone: one token per copy, exactly at the bound
+    texts += ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 60))) for _ in range(50)]
+    for text in texts:
         ids = tok.encode(text, add_special_tokens=False)
         assert len(text) <= per_token * len(ids), (text, ids)
 
