@@ -25,10 +25,11 @@ for thousands of steps and its long prompts take every prefill token, so the sch
 
 The bound, with S = max_num_seqs, B = max_num_batched_tokens and C clients with prompt work: a request
 from a client that holds no sequence is admitted at the first step after it arrives whenever another
-client holds two sequences or more (in particular when one holds every slot), and from then on gets at
-least floor((B - S) / C) prompt tokens a step, shared by that client's prompts in prefill. So a new
-client's L-token prompt has its first token after at most ceil(L / floor((B - S) / C)) steps: with the
-defaults (S 64, B 256) and two clients, one step for L <= 96 (tests/engine/test_fairness.py)."""
+client holds two sequences or more (in particular when one holds every slot; when the pool is full too,
+as long as that client holds more blocks than the request needs), and from then on gets at least
+floor((B - S) / C) prompt tokens a step, shared by that client's prompts in prefill. So a new client's
+L-token prompt has its first token after at most ceil(L / floor((B - S) / C)) steps: with the defaults
+(S 64, B 256) and two clients, one step for L <= 96 (tests/engine/test_fairness.py)."""
 
 from __future__ import annotations
 
