@@ -12,6 +12,7 @@ was not the expected one, the slowest normal request during the category, and th
 `--sample` runs a few cases per category (what tests/entrypoints/test_probe.py runs); the full run is
 bounded too (every request has a timeout, 200 slow connections at most). Exit status 0 when there
 were no crashes, no 5xx and no unexpected answers.
+Records: docs/measurements/2026-12-02-server-probe.md, docs/measurements/2026-12-07-hostile-probe.md.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Server:
     model: str
     extra: list[str]
     baseline: bool = False  # a keel serve older than its limit flags: none of them
+    keyed: bool = True  # --api-key: every caller is then one client to the engine's per-client shares
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     log: Any = None
@@ -62,7 +64,8 @@ class Server:
 
     def start(self, timeout: float = 300) -> None:
         cmd = [sys.executable, "-m", "keel.cli", "serve", "--model", self.model, "--port", str(self.port)]
-        cmd += ["--host", HOST, "--served-model-name", MODEL, "--api-key", KEY, "--log-level", "warning"]
+        cmd += ["--host", HOST, "--served-model-name", MODEL, "--log-level", "warning"]
+        cmd += ["--api-key", KEY] if self.keyed else []
         cmd += ["--max-num-seqs", "4", "--max-waiting", "12"]
         if not self.baseline:
             cmd += ["--trust-request-chat-template", "--send-timeout", "3", "--header-timeout", "3"]

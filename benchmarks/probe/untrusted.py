@@ -1,8 +1,9 @@
 """What hostile clients do to everyone else on `keel serve`: each attack's effect on a well-behaved client,
 against a baseline measured on the same server just before.
 
-Starts `keel serve` itself (serve.Server: loopback, an API key, --trust-request-chat-template) and, per
-scenario, measures the victim's figure alone, then again while the attack runs:
+Starts `keel serve` itself (serve.Server: loopback, no API key, so that each connection is a client of its own
+to the engine's per-client shares; --trust-request-chat-template) and, per scenario, measures the victim's
+figure alone, then again while the attack runs:
 
 - grammars: the 30-pattern `allOf` schema and the same behind `$ref`s (status, seconds, peak RSS of the
   server process and of its process tree); eight slow compiles, then a small grammar (its status, seconds);
@@ -489,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     # keel serve's own admission defaults (the hostile probe's small ones would refuse the victims)
-    srv = Server(args.model, ["--max-num-seqs", "64", "--max-waiting", "256", *args.serve_args])
+    # no API key: each connection is then a client of its own to the engine's shares, as the victims must be
+    srv = Server(args.model, ["--max-num-seqs", "64", "--max-waiting", "256", *args.serve_args], keyed=False)
     srv.start()
     rows: list[Row] = []
     try:

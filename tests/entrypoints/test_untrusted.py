@@ -71,8 +71,9 @@ def referenced_patterns_schema(n: int) -> dict[str, Any]:
 
 
 def test_each_request_reaches_the_engine_with_its_client(server):
-    """The engine's per-client shares key on the API key (a digest of it) or, without one, the peer's address."""
-    llm = server.engine.engine
+    """The engine's per-client shares key on the API key the server checked (a digest of it), else the peer's
+    address; a bearer token the server does not check (clients send placeholders) names nobody."""
+    llm, serving = server.engine.engine, server.thread.app.serving
     seen: list[str | None] = []
     original = llm.add_request
 
@@ -80,19 +81,25 @@ def test_each_request_reaches_the_engine_with_its_client(server):
         seen.append(client)
         return original(*args, client=client, **kwargs)
 
+    def send(headers: dict[str, str]) -> None:
+        body = json.dumps({"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1, "n": 2}).encode()
+        req = urllib.request.Request(
+            server.base_url + "/v1/completions", body, {"content-type": "application/json", **headers}
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert resp.status == 200
+
     llm.add_request = spy
     try:
-        body = json.dumps({"model": MODEL_NAME, "prompt": "hi", "max_tokens": 1, "n": 2}).encode()
-        for headers in ({}, {"authorization": "Bearer secret-one"}):
-            req = urllib.request.Request(
-                server.base_url + "/v1/completions", body, {"content-type": "application/json", **headers}
-            )
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                assert resp.status == 200
+        send({})
+        send({"authorization": "Bearer EMPTY"})
+        serving.keyed = True  # as with --api-key (this server checks none, so any token passes the guard)
+        send({"authorization": "Bearer secret-one"})
     finally:
-        llm.add_request = original
-    assert len(seen) == 4 and seen[0] == seen[1] and seen[2] == seen[3], seen
-    assert seen[0].startswith("127.0.0.1:") and seen[2].startswith("key:") and "secret" not in seen[2]
+        llm.add_request, serving.keyed = original, False
+    assert len(seen) == 6 and seen[0] == seen[1] and seen[4] == seen[5], seen
+    assert all(c.startswith("127.0.0.1:") for c in seen[:4]) and seen[0] != seen[2]  # one connection each
+    assert seen[4].startswith("key:") and "secret" not in seen[4]
 
 
 # ---- grammars ------------------------------------------------------------------------------------------------

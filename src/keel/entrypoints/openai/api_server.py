@@ -297,6 +297,7 @@ def build_app(
         max_output_chars=max(1 << 20, 16 * cfg.max_model_len),
     )
     serving = OpenAIServing(engine, llm.tokenizer, cfg, templates, tokenizer_threads=limits.tokenizer_threads)
+    serving.keyed = bool(api_key)  # a key the server checks names its caller (client_of)
     serving.grammar_limits = GrammarLimits(
         compile_timeout_s=limits.grammar_timeout_s, workers=limits.grammar_workers, memory_mib=limits.grammar_memory_mib
     )

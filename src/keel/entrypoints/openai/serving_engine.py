@@ -41,11 +41,12 @@ def param_of(exc: BaseException) -> str | None:
 
 
 def client_of(raw: Request) -> str | None:
-    """Who sends a request, for the engine's per-client shares: its API key (a digest of it, so no secret is
-    kept), else the connection's peer address."""
-    auth = raw.headers.get("authorization", "")
-    token = raw.headers.get("x-api-key", "").strip() or auth.partition(" ")[2].strip()
-    if token:
+    """Who sends a request, for the engine's per-client shares: the API key it was admitted with (a digest of
+    it, so no secret is kept), else the connection's peer address. A bearer token the server does not check
+    names nobody (clients send placeholders such as "EMPTY"), so without a server key the peer decides."""
+    serving = getattr(raw.app.state, "serving", None)
+    token = raw.headers.get("authorization", "").partition(" ")[2].strip()
+    if token and getattr(serving, "keyed", False):
         return "key:" + hashlib.sha256(token.encode("latin-1", "replace")).hexdigest()[:16]
     peer = raw.client
     return None if peer is None else f"{peer.host}:{peer.port}"
@@ -120,6 +121,7 @@ class OpenAIServing:
         self.grammar_limits = GrammarLimits()
         self.stats = ServerStats()  # what the HTTP layer counts (event-loop side only)
         self.draining = False  # set on SIGTERM / SIGINT: new requests get 503
+        self.keyed = False  # the server checks an API key (build_app sets it)
 
     def close(self) -> None:
         """Stop the worker pools this layer owns, and the engine's grammar workers it started."""
