@@ -1,14 +1,18 @@
 #!/usr/bin/env python
 """Benchmark keel.vendored.flash_attn against the peers it replaces, in the same run.
 
+Records:
+    docs/measurements/2026-12-01-attention.md
+    docs/measurements/2026-12-03-row-ops.md
+
 Decode (one query per sequence, bf16, paged cache with block size 16, shuffled block tables):
   vendored  flash_attn_with_kvcache straight from the block table
-  gather    today's engine path (src/keel/models/llama.py Attention._decode on main): index_select of
+  gather    a paged cache read without paged kernels: index_select of
             the blocks into a dense tensor, SDPA with a dense -inf mask (mask built outside the
             timed region, as the engine builds it once per step)
   sdpa      SDPA on a contiguous [B, KV, L, D] cache (no paging, no mask): the dense lower bound
-Prefill (causal, ragged batch): vendored flash_attn_varlen_func vs SDPA per sequence (the engine's
-prefill loop on main); one 64-token prompt, and 7 one-token sequences beside it.
+Prefill (causal, ragged batch): vendored flash_attn_varlen_func vs SDPA per sequence (a prefill loop
+without varlen kernels); one 64-token prompt, and 7 one-token sequences beside it.
 
 Methods alternate inside each repeat; the best repeat of each is reported, with ratios (> 1:
 vendored faster). On a busy machine prefer --threads 1 (no waits on a descheduled pool thread).

@@ -1,8 +1,9 @@
-"""The --device cuda halves of bench_gemm.py, bench_attention.py and bench_ops.py: keel's CUDA kernels against
-the GPU peers, timed with CUDA events, peers alternated in every repeat, the best repeat kept.
+"""The --device cuda halves of benchmarks/gemm.py, attention.py and ops.py: keel's CUDA kernels against
+the GPU peers, timed with CUDA events, peers alternated in every repeat, the best repeat kept. No GPU run is
+recorded in docs/measurements/ yet: the GPU check (scripts/device/check.sh, docs/device.md) runs it.
 
     gemm       fp8_gemm_nt (1x128 and 128x128 weight scales) vs torch._scaled_mm FP8 (row-wise scales; a private
-               torch API, used only here in scripts/, with torch's bf16 matmul as the public fallback peer) and
+               torch API, used only here in benchmarks/, with torch's bf16 matmul as the public fallback peer) and
                torch bf16 matmul; bf16_gemm_nt vs torch bf16 matmul; the casts vs a device copy. TFLOP/s, GB/s.
     attention  flash_attn_with_kvcache (paged, decode) and flash_attn_varlen_func (causal prefill) vs SDPA with
                only its flash backend allowed, on a contiguous cache (K/V expanded for GQA outside the timing).

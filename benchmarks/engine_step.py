@@ -1,6 +1,11 @@
 """The offline engine's step times at batch B: decode steps, and a mixed step (B - 1 decodes + one new prompt),
 optionally beside a competing busy process (what a client on the same 2 CPUs does to a served step).
 
+Records:
+    docs/measurements/2026-12-03-huge-pages.md
+    docs/measurements/2026-12-03-row-ops.md
+    docs/measurements/2026-12-03-tile-epilogue.md
+
     python benchmarks/engine_step.py --model DIR                 # batch 8, torch's threads, 3 repeats
     python benchmarks/engine_step.py --model DIR --threads 1     # one thread: the kernels' own cost
     python benchmarks/engine_step.py --model DIR --hog 3 9       # beside a process busy 3 ms of every 12
@@ -19,7 +24,7 @@ BUSY / (BUSY + IDLE) of one core): the torch pool's threads lose a core to it no
 the client and the event loop in `keel serve`.
 
 --baseline TREE: each round runs the measurement twice in child processes, once with the keel this
-interpreter imports (the installed one; PYTHONPATH=. for this checkout, its native libraries built in place)
+interpreter imports (the installed one; PYTHONPATH=src for this checkout, its native libraries built in place)
 and once with TREE first on sys.path (a source checkout whose native libraries were built
 in place: `python setup.py build_ext --inplace`), in alternating order; the table gives every round and the
 ratios of the medians over rounds (baseline / this: > 1 means this keel's steps are shorter). Wall times on a
@@ -38,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from keel_dev import keel_source
 from keel_dev.smollm2 import bf16_checkpoint
 
 HOG = """
@@ -74,7 +80,7 @@ def main() -> int:
 def compare(args: argparse.Namespace) -> int:
     """Alternate this keel and --baseline's in child processes; print every round and the ratios."""
     baseline = args.baseline.resolve()
-    if not (baseline / "src" / "keel" / "__init__.py").is_file():
+    if not (Path(keel_source(baseline)) / "keel" / "__init__.py").is_file():
         raise SystemExit(f"--baseline {baseline}: expected a keel source checkout (src/keel/__init__.py)")
     model = Path(args.model).resolve() if args.model else bf16_checkpoint(args.workdir)
     argv = [sys.executable, str(Path(__file__).resolve()), "--model", str(model), "--batch", str(args.batch)]
@@ -86,7 +92,7 @@ def compare(args: argparse.Namespace) -> int:
         for who in order:
             env = dict(os.environ)
             if who == "baseline":
-                env["PYTHONPATH"] = os.pathsep.join([str(baseline), *filter(None, [env.get("PYTHONPATH")])])
+                env["PYTHONPATH"] = os.pathsep.join([keel_source(baseline), *filter(None, [env.get("PYTHONPATH")])])
             done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
             if done.returncode != 0:
                 raise SystemExit(f"{who} failed (exit {done.returncode}):\n{done.stdout}{done.stderr[-3000:]}")

@@ -1,5 +1,11 @@
 """Decode-shape GEMM speed on CPU: keel's vendored fp8_gemm_nt vs keel's bf16 `keel.ops.linear` vs torch bf16 matmul.
 
+Records:
+    docs/measurements/2026-12-01-fp8.md
+    docs/measurements/2026-12-02-amx-prompt-kernels.md
+    docs/measurements/2026-12-03-prefetch.md
+    docs/measurements/2026-12-03-tile-epilogue.md
+
     python benchmarks/gemm.py                 # SmolLM2-135M's layers and an 8B model's, M = 1, 8, 32
     python benchmarks/gemm.py --shapes 8b --m 1
     python benchmarks/gemm.py --device cuda   # the GPU half: benchmarks/cuda_cases.py

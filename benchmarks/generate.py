@@ -1,5 +1,12 @@
 """Benchmark keel vs transformers `generate`: prefill and decode tokens/s at several batch sizes, peak memory.
 
+Records:
+    docs/measurements/2026-12-01-generate-vs-transformers.md
+    docs/measurements/2026-12-01-logprob-schema-cost.md
+    docs/measurements/2026-12-01-fp8.md
+    docs/measurements/2026-12-02-determinism-cost.md
+    docs/measurements/2026-12-02-amx-prompt-kernels.md
+
     python benchmarks/generate.py --dtype bf16    # the default model (keel.hf.resolve.DEFAULT_MODEL)
     python benchmarks/generate.py --random-smollm2 /tmp/smollm2-random   # same shapes, random weights
     python benchmarks/generate.py --tiny ...   # smoke run: 8-token prompts, 4 new tokens, batch 1 and 2, once
@@ -11,7 +18,7 @@
     python benchmarks/generate.py --model /tmp/smollm2 --sampling --batch-sizes 8 --new-tokens 64
         # decode cost of logprobs=5 / penalties / a JSON schema against plain requests, same run, alternating
         # (the JSON variant needs a real tokenizer: a converted SmolLM2 folder, not --random-smollm2)
-    git archive main | tar -x -C /tmp/keel_main && cp keel/*.so /tmp/keel_main/keel/
+    git archive main | tar -x -C /tmp/keel_main && (cd /tmp/keel_main && python setup.py build_ext --inplace)
     python benchmarks/generate.py ... --engines keel --threads 1 --cpu-time --keel-path /tmp/keel_main
         # another keel checkout, in CPU seconds of one thread (robust on an oversubscribed machine)
 
@@ -36,6 +43,7 @@ import time
 from pathlib import Path
 
 import torch
+from keel_dev import keel_source
 from keel_dev.checkpoints import write_random_llama
 
 
@@ -303,7 +311,7 @@ def main() -> None:
         )
         env = dict(os.environ)
         if args.keel_path:  # the worker imports keel from that checkout (first on its PYTHONPATH)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(args.keel_path), env.get("PYTHONPATH")) if p)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (keel_source(args.keel_path), env.get("PYTHONPATH")) if p)
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
         results[engine] = json.loads(proc.stdout.strip().splitlines()[-1])
     print(

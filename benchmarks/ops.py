@@ -1,6 +1,10 @@
 #!/usr/bin/env python
 """Benchmark keel's ops against torch in the same run.
 
+Records:
+    docs/measurements/2026-12-01-ops-overhead.md
+    docs/measurements/2026-12-03-row-ops.md
+
 1. Per-call host overhead (us, tiny tensors, best of repeats): each keel op vs the
    native torch equivalent (one ATen op where torch has one, else the composite).
 2. Large-tensor throughput (GB/s of bytes read + written, best of repeats): fused_muladd vs a*b+c

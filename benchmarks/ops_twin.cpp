@@ -3,6 +3,7 @@
 // runs the very same CPU kernels (csrc/ops/*_cpu.cpp, compiled beside it by benchmarks/ops.py)
 // after the same argument checks, so that the per-call difference to keel is what the stable ABI
 // costs: StableIValue boxing, shim calls instead of inline accessors, the stable dispatcher entry.
+// Record: docs/measurements/2026-12-01-ops-overhead.md (`python benchmarks/ops.py --twin-only`).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

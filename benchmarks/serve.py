@@ -1,10 +1,15 @@
 """Benchmark `keel serve` over loopback against the offline `LLM.generate` on the same prompts, same run.
 
+Records:
+    docs/measurements/2026-12-01-serving.md
+    docs/measurements/2026-12-01-logprob-schema-cost.md
+    docs/measurements/2026-12-02-serving-load.md
+
     HF_HUB_OFFLINE=1 python benchmarks/serve.py                       # keel's demo model, bf16
     HF_HUB_OFFLINE=1 python benchmarks/serve.py --clients 1 8 --repeats 3
     HF_HUB_OFFLINE=1 python benchmarks/serve.py --skip-throughput --skip-prefix --logprobs 5 --json-schema
     HF_HUB_OFFLINE=1 python benchmarks/serve.py --clients 1 8 --requests-per-client 4 --new-tokens 64 \
-        --temperature 1.0 --skip-prefix --baseline /tmp/main-export   # issue 27's load, before / after
+        --temperature 1.0 --skip-prefix --baseline /tmp/main-export   # guidellm's load, before / after
 
 Throughput: N concurrent streaming clients (default 1, 8, 32), each sending --requests-per-client prompts
 of benchmarks/generate.py one after the other (random token ids, --prompt-len tokens, --new-tokens
@@ -52,6 +57,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (see above)
 import keel_dev.server  # noqa: E402
 from generate import prompts_for  # noqa: E402  (the same prompts as benchmarks/generate.py, this folder)
+from keel_dev import keel_source  # noqa: E402
 from keel_dev.server import Server  # noqa: E402
 
 WORDS = (
@@ -124,7 +130,7 @@ async def stream(port: int, path: str, body: dict) -> Timing:
 def start_server(args: argparse.Namespace, *extra: str, source: str | None = None) -> tuple[Server, int]:
     """`keel serve` of --model and --dtype (its output on this console), from the source tree `source` (its
     PYTHONPATH) when given; the server and its port."""
-    env = None if source is None else {**os.environ, "PYTHONPATH": source}
+    env = None if source is None else {**os.environ, "PYTHONPATH": keel_source(source)}
     server = keel_dev.server.start_server(
         ["--model", args.model, "--dtype", args.dtype, "--served-model-name", "m", "--log-level", "warning", *extra],
         timeout_s=600,

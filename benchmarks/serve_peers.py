@@ -1,5 +1,11 @@
 """keel serve vs vLLM's CPU build on the same model folder and the same guidellm load, alternated, same run.
 
+Records:
+    docs/measurements/2026-12-02-serving-vs-vllm.md
+    docs/measurements/2026-12-03-serving-vs-vllm.md
+    docs/measurements/2026-12-03-serving-vs-vllm-3.md
+    docs/measurements/2026-12-03-decode-floor.md
+
     python benchmarks/serve_peers.py --setup          # once: the peer environments (serve_peers_setup.sh)
     python benchmarks/serve_peers.py                  # 32 requests at concurrency 1 and 8, 2 rounds
     python benchmarks/serve_peers.py --requests 8 --rounds 1 --json out.json

@@ -4,6 +4,7 @@
 # $KEEL_PEERS_DIR (default /work/peers). torch==2.13.0 is asked for explicitly: on this project's machines pip
 # takes the local 2.13.0+cpu wheel (anything else would pull a CUDA build of several GB); elsewhere point pip
 # at PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL) so that 2.13.0 resolves to the +cpu build.
+# Records: docs/measurements/2026-12-02-serving-vs-vllm.md and the serving-vs-vLLM pages after it.
 set -euo pipefail
 DIR=${KEEL_PEERS_DIR:-/work/peers}
 PY=${PYTHON:-python3.11}

@@ -69,12 +69,14 @@ for rel in sorted(have - want):
 EOF
 else
   rm -f "$BUILD_STAMP"
-  # CI (CI=true, as root): Debian's packages for two tests that skip with their reason elsewhere: HAProxy in front
-  # of two replicas (the rolling restart), qemu-user for the emulated AVX2-only CPU (tests/test_emulated_cpu.py)
+  # CI (CI=true, as root): Debian's packages for tests that skip with their reason elsewhere: HAProxy in front of
+  # two replicas (the rolling restart), qemu-user for the emulated AVX2-only CPU (tests/test_emulated_cpu.py),
+  # node and npm for the Vercel AI SDK client (tests/entrypoints/clients)
   if [ "${CI:-}" = true ] && [ "$(id -u)" = 0 ]; then
     missing=()
     command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
     command -v qemu-x86_64 >/dev/null || missing+=(qemu-user)
+    command -v npm >/dev/null || missing+=(nodejs npm)
     if [ "${#missing[@]}" -gt 0 ]; then
       { apt-get install -y -q "${missing[@]}" || { apt-get update -q && apt-get install -y -q "${missing[@]}"; }; } \
         >/dev/null 2>&1 || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them skip" >&2
@@ -85,6 +87,19 @@ bash "$KEEL_ROOT/scripts/release/build_wheel.sh" "$VENV"
   "$PY" -m pip install -q --force-reinstall --no-deps "$KEEL_ROOT"/dist/keel-*.whl
   "$PY" -m pip install -q "$KEEL_ROOT"/dist/keel-*.whl  # runtime requirements
   echo "$native" >"$BUILD_STAMP"
+fi
+
+# the Vercel AI SDK the client tests run (tests/entrypoints/clients): npm's locked install into the git-ignored
+# .cache/node-clients, again whenever the lock changes; where node or npm is missing, that test skips and says why
+clients="$KEEL_ROOT/.cache/node-clients"
+lock="$KEEL_ROOT/tests/entrypoints/clients/package-lock.json"
+if command -v node >/dev/null && command -v npm >/dev/null && ! cmp -s "$lock" "$clients/package-lock.json"; then
+  mkdir -p "$clients"
+  cp "$KEEL_ROOT/tests/entrypoints/clients/package.json" "$lock" "$clients/"
+  (cd "$clients" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) || {
+    rm -f "$clients/package-lock.json"
+    echo "scripts/test.sh: npm ci failed in $clients; the Vercel AI SDK test skips" >&2
+  }
 fi
 
 cd "$KEEL_ROOT"

@@ -1,5 +1,6 @@
 """Hostile inputs of keel-audit built small on disk (sparse files, repeated deflate blocks, overlapping
-zip entries), and a runner that measures a keel-audit child's peak RSS (issue 26, item 6).
+zip entries), and a runner that measures a keel-audit child's peak RSS (optionally under an address-space and
+a CPU-time limit).
 
 Every builder writes into a folder the test gives (tmp_path) and allocates no more than a few MB;
 the inputs they describe are GBs once inflated or read whole.
@@ -8,6 +9,7 @@ the inputs they describe are GBs once inflated or read whole.
 from __future__ import annotations
 
 import os
+import resource
 import struct
 import subprocess
 import sys
@@ -21,7 +23,9 @@ import keel_audit
 
 GIB = 1 << 30
 MIB = 1 << 20
-RSS_LIMIT = GIB  # the bound issue 26 sets for every hostile input
+RSS_LIMIT = GIB  # the RSS bound of the older hostile inputs
+AS_LIMIT = 256 * MIB  # the address-space bound of the metadata, dynamic-section and GGUF cases
+CPU_LIMIT = 10  # and their CPU-time bound, in seconds
 PT_DYNAMIC = 2
 
 
@@ -81,6 +85,35 @@ def deflate_zeros(head: bytes, megabytes: int, pad: int = 0) -> Deflated:
         crc = zlib.crc32(padding, zlib.crc32(zeros, crc))
     chunks.append(b"\x03\x00")  # an empty final block
     return Deflated(b"".join(chunks), megabytes * (MIB + pad), crc)
+
+
+def deflate_pattern(head: bytes, unit: bytes, megabytes: int) -> Deflated:
+    """`head` then `unit` repeated, `megabytes` MiB in all, as a raw deflate stream built from one
+    full-flushed block per MiB (a few hundred bytes each for a short `unit`)."""
+    block = (unit * (MIB // len(unit) + 1))[:MIB]
+    first = head + block[len(head) :]
+    piece = zlib.compressobj(9, zlib.DEFLATED, -15)
+    opener = zlib.compressobj(9, zlib.DEFLATED, -15)
+    chunks = [opener.compress(first) + opener.flush(zlib.Z_FULL_FLUSH)]
+    body = piece.compress(block) + piece.flush(zlib.Z_FULL_FLUSH)
+    crc = zlib.crc32(first)
+    for _ in range(megabytes - 1):
+        chunks.append(body)
+        crc = zlib.crc32(block, crc)
+    chunks.append(b"\x03\x00")
+    return Deflated(b"".join(chunks), megabytes * MIB, crc)
+
+
+def stored(data: bytes) -> Deflated:
+    """A small member as one stored deflate block."""
+    return Deflated(b"\x01" + struct.pack("<HH", len(data), len(data) ^ 0xFFFF) + data, len(data), zlib.crc32(data))
+
+
+def needed_flood(entries: int) -> bytes:
+    """The first bytes of an object with no section headers whose PT_DYNAMIC holds `entries` DT_NEEDED
+    entries (and no DT_NULL before them): what follows the header is the repeated 16-byte entry."""
+    phdr = struct.pack("<IIQQQQQQ", PT_DYNAMIC, 6, 128, 0, 0, 16 * entries, 16 * entries, 8)
+    return elf_header(phoff=64, phnum=1) + phdr + bytes(8)
 
 
 def raw_zip(path: Path, members: list[tuple[str, Deflated]], central: list[tuple[str, int]] | None = None) -> Path:
@@ -143,16 +176,18 @@ def raw_zip(path: Path, members: list[tuple[str, Deflated]], central: list[tuple
 
 @dataclass(frozen=True)
 class Run:
-    """A keel-audit child: exit code, stderr, peak RSS (bytes), whether it was killed at the bound."""
+    """A keel-audit child: exit code, stderr, peak RSS (bytes), whether it was killed at the bound, CPU seconds."""
 
     rc: int
     stderr: str
     peak_rss: int
     killed: bool
+    cpu_s: float = 0.0
 
     def describe(self) -> str:
         return (
-            f"exit {self.rc}, peak RSS {self.peak_rss / MIB:.0f} MiB{' (killed at the bound)' if self.killed else ''}"
+            f"exit {self.rc}, peak RSS {self.peak_rss / MIB:.0f} MiB, {self.cpu_s:.1f} s of CPU"
+            f"{' (killed at the bound)' if self.killed else ''}"
         )
 
 
@@ -179,13 +214,44 @@ def run_bounded(
 ) -> tuple[int, str, int, bool]:
     """Run `cmd`, killed when its RSS passes `limit` bytes or `timeout` seconds pass: (exit code, stderr, peak
     RSS from /proc (VmHWM), killed). keel's own tests (tests/support/bounded_child.py) run their children here."""
+    run = run_limited(cmd, env, limit, timeout, cwd)
+    return run.rc, run.stderr, run.peak_rss, run.killed
+
+
+def _limits(address_space: int | None, cpu_seconds: int | None) -> None:
+    """In the child, before exec: RLIMIT_AS and RLIMIT_CPU (SIGXCPU at the soft limit, SIGKILL a second later)."""
+    if address_space is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    if cpu_seconds is not None:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
+
+
+def run_limited(
+    cmd: list[str],
+    env: dict[str, str],
+    limit: int,
+    timeout: float,
+    cwd: str | None = None,
+    *,
+    address_space: int | None = None,
+    cpu_seconds: int | None = None,
+) -> Run:
+    """`run_bounded`, optionally under RLIMIT_AS `address_space` and RLIMIT_CPU `cpu_seconds`, with the child's
+    CPU time (from wait4)."""
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            cwd=cwd,
+            preexec_fn=lambda: _limits(address_space, cpu_seconds),
+        )
         killed, peak = False, 0
         deadline = time.monotonic() + timeout
         while True:
             peak = max(peak, _status_bytes(proc.pid, "VmHWM:"))
-            pid, status, _usage = os.wait4(proc.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             if not killed and (_rss(proc.pid) > limit or time.monotonic() > deadline):
@@ -194,13 +260,24 @@ def run_bounded(
             time.sleep(0.01)
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        return proc.returncode, err.read().decode("utf-8", "replace"), peak, killed
+        text = err.read().decode("utf-8", "replace")
+        return Run(proc.returncode, text, peak, killed, usage.ru_utime + usage.ru_stime)
 
 
-def run_audit(args: list[str], limit: int = RSS_LIMIT, timeout: float = 300.0) -> Run:
+def run_audit(
+    args: list[str],
+    limit: int = RSS_LIMIT,
+    timeout: float = 300.0,
+    *,
+    address_space: int | None = None,
+    cpu_seconds: int | None = None,
+    paths: tuple[str, ...] = (),
+) -> Run:
     """`python -m keel_audit ARGS` in a child process, killed when its RSS passes `limit` (so a
-    regression fails the test instead of exhausting the machine); peak RSS from /proc (VmHWM)."""
+    regression fails the test instead of exhausting the machine), optionally under RLIMIT_AS and RLIMIT_CPU,
+    with `paths` on its sys.path; peak RSS from /proc (VmHWM)."""
     env = dict(os.environ)
     root = str(Path(keel_audit.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return Run(*run_bounded([sys.executable, "-m", "keel_audit", *args], env, limit, timeout))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, *paths, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "keel_audit", *args]
+    return run_limited(cmd, env, limit, timeout, address_space=address_space, cpu_seconds=cpu_seconds)

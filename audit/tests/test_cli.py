@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import subprocess
@@ -61,14 +60,16 @@ def test_python_m(libs: dict[str, Path], tmp_path: Path) -> None:
 
 
 @needs_keel_checkout
-def test_cli_verb_registers() -> None:
+def test_keel_verb_hands_every_argument_to_keel_audit(libs: dict[str, Path], tmp_path: Path, capsys) -> None:
     spec = importlib.util.spec_from_file_location("_keel_cli_audit", KEEL_VERB)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    parser = argparse.ArgumentParser()
-    module.register(parser.add_subparsers())
-    args = parser.parse_args(["audit", "x.whl", "--allow", "a*", "--allow", "b*"])
-    assert args.allow == ["a*", "b*"] and args.func is not None
+    assert module.delegate([str(libs["stable"]), "--strict", "--allow", "stable*"]) == 0
+    assert "STABLE" in capsys.readouterr().out
+    source = tmp_path / "op.cpp"
+    source.write_text("#include <torch/extension.h>\nat::Tensor f(at::Tensor x) { return x; }\n")
+    assert module.delegate(["inventory", str(source)]) == 1  # the verbs of keel-audit too
+    assert "torch/extension.h" in capsys.readouterr().out
 
 
 # makes `import torch` and `import keel` fail in the child, as in a bare release-manager venv
@@ -126,8 +127,5 @@ def test_keel_verb_without_keel_audit(monkeypatch: pytest.MonkeyPatch, capsys: p
     spec.loader.exec_module(module)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "keel_audit" else real(n, *a))
-    parser = argparse.ArgumentParser()
-    module.register(parser.add_subparsers())
-    args = parser.parse_args(["audit", "x.whl", "--strict"])
-    assert args.func(args) == 2
+    assert module.delegate(["x.whl", "--strict"]) == 2
     assert "pip install ./audit" in capsys.readouterr().err

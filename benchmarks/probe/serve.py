@@ -1,17 +1,18 @@
-"""Probe `keel serve` with issue 26's hostile requests and print a table per category.
+"""Probe `keel serve` with hostile requests and print a table per category.
 
 Starts `keel serve` itself on a free loopback port (nothing leaves this machine), with an API key, the
-operator's flag for request chat templates (so the template bounds are exercised, not just the refusal)
-and small admission limits (--max-num-seqs 4 --max-waiting 12: one n=16 client fills them). For each
-category it runs the cases, while a background client sends a normal 4-token completion every 0.5 s,
-and reports: cases, crashes (the server process gone), 5xx answers, cases whose answer was not the
-expected one, the slowest normal request during the category, and the server's RSS before and after.
+operator's flag for request chat templates (so the template bounds are exercised, not just the refusal),
+3 s template and grammar time limits and small admission limits (--max-num-seqs 4 --max-waiting 12: one n=16
+client fills them). For each category it runs the cases, while a background client sends a normal 4-token
+completion every 0.5 s, and reports: cases, crashes (the server process gone), 5xx answers, cases whose answer
+was not the expected one, the slowest normal request during the category, and the server's RSS before and after.
 
     python benchmarks/probe/serve.py --model PATH [--sample] [--json OUT]
 
 `--sample` runs a few cases per category (what tests/entrypoints/test_probe.py runs); the full run is
 bounded too (every request has a timeout, 200 slow connections at most). Exit status 0 when there
 were no crashes, no 5xx and no unexpected answers.
+Records: docs/measurements/2026-12-02-server-probe.md, docs/measurements/2026-12-07-hostile-probe.md.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import string
 import subprocess
 import sys
 import tempfile
@@ -50,7 +52,8 @@ def free_port() -> int:
 class Server:
     model: str
     extra: list[str]
-    baseline: bool = False  # a keel serve from before issue 26: none of its flags
+    baseline: bool = False  # a keel serve older than its limit flags: none of them
+    keyed: bool = True  # --api-key: every caller is then one client to the engine's per-client shares
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     log: Any = None
@@ -61,11 +64,12 @@ class Server:
 
     def start(self, timeout: float = 300) -> None:
         cmd = [sys.executable, "-m", "keel.cli", "serve", "--model", self.model, "--port", str(self.port)]
-        cmd += ["--host", HOST, "--served-model-name", MODEL, "--api-key", KEY, "--log-level", "warning"]
+        cmd += ["--host", HOST, "--served-model-name", MODEL, "--log-level", "warning"]
+        cmd += ["--api-key", KEY] if self.keyed else []
         cmd += ["--max-num-seqs", "4", "--max-waiting", "12"]
         if not self.baseline:
             cmd += ["--trust-request-chat-template", "--send-timeout", "3", "--header-timeout", "3"]
-            cmd += ["--body-timeout", "3", "--chat-template-timeout", "3"]
+            cmd += ["--body-timeout", "3", "--chat-template-timeout", "3", "--grammar-timeout", "3"]
         cmd += self.extra
         self.log = tempfile.TemporaryFile()
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -358,6 +362,10 @@ ROUTES = [
     ("GET", "/v1/models/probe", None),
     ("GET", "/nope", None),
     ("DELETE", "/v1/models", None),
+    ("POST", "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2}),
+    ("GET", "/v1/responses/resp_x", None),
+    ("POST", "/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
 ]
 OPEN = {"/health", "/version", "/metrics"}
 
@@ -532,6 +540,244 @@ def _slow_body(srv: Server) -> tuple[int, Any]:
         s.close()
 
 
+def patterns_schema(n: int, hidden: bool = False) -> dict[str, Any]:
+    """A string matching n `.*x.*` patterns at once (their intersection grows exponentially); `hidden` puts
+    them behind `$ref`s, past the static count, for the worker's limits to stop."""
+    letters = string.ascii_letters[:n]
+    if not hidden:
+        return {"type": "string", "allOf": [{"pattern": f".*{c}.*"} for c in letters]}
+    defs = {f"d{i}": {"pattern": f".*{c}.*"} for i, c in enumerate(letters)}
+    return {"$defs": defs, "type": "string", "allOf": [{"$ref": f"#/$defs/d{i}"} for i in range(n)]}
+
+
+def schema_cmpl(schema: dict[str, Any]) -> dict[str, Any]:
+    return cmpl(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+def eight_slow_then_small(srv: Server) -> tuple[int, Any]:
+    """Eight compiles that run into the workers' limits at once, then a small grammar: it must compile."""
+    answers: list[int] = []
+    slow = [
+        threading.Thread(
+            target=lambda: answers.append(
+                request(srv, "POST", "/v1/completions", schema_cmpl(patterns_schema(18, True)))[0]
+            )
+        )
+        for _ in range(8)
+    ]
+    for t in slow:
+        t.start()
+    for t in slow:
+        t.join(120)
+    t0 = time.monotonic()
+    status, body = request(srv, "POST", "/v1/completions", cmpl(max_tokens=3, guided_choice=["yes", "no"]))
+    return status, {"slow": sorted(answers), "small_s": round(time.monotonic() - t0, 2), "body": body}
+
+
+def _ids(srv: Server, text: str) -> list[int]:
+    return list(request(srv, "POST", "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"])
+
+
+def masks_emptied_later(srv: Server) -> tuple[int, Any]:
+    """allowed [t] with the bad word "tt" (t a digit's one token): t is sampled, then banned, and nothing is
+    left at the second step; the answer must be the client's 400, not an engine 500."""
+    for digit in "7135":
+        (t,), pair = _ids(srv, digit), _ids(srv, digit * 2)
+        if pair == [t, t]:
+            body = cmpl(max_tokens=4, allowed_token_ids=[t], bad_words=[digit * 2])
+            return request(srv, "POST", "/v1/completions", body)
+    return 400, {"error": {"param": "allowed_token_ids", "message": "skipped: no digit tokenizes one by one"}}
+
+
+def untrusted_cases(sample: bool) -> list[Case]:
+    deep_args = "[" * 100_000 + "]" * 100_000
+    tool_turn = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep_args}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"},
+    ]
+    arg_field = "messages.1.tool_calls.0.function.arguments"
+    digits = "7" * 1_000_000
+    cases: list[Case] = [
+        (
+            "allOf of 30 patterns",
+            post("/v1/completions", schema_cmpl(patterns_schema(30))),
+            is_4xx_naming("response_format"),
+        ),
+        (
+            "allOf of 18 patterns behind $ref (worker limit)",
+            post("/v1/completions", schema_cmpl(patterns_schema(18, True))),
+            is_4xx_naming("response_format"),
+        ),
+        ("1 MB prompt of digits", post("/v1/completions", cmpl(prompt=digits)), is_4xx_naming("prompt")),
+        ("/tokenize 1 MB of digits", post("/tokenize", {"prompt": digits}), is_4xx_naming("prompt")),
+        (
+            "bad_words: 1,000 words of 1,000 digits, n=16",
+            post("/v1/completions", cmpl(n=16, bad_words=["7" * 1000] * 1000)),
+            is_4xx_naming("bad_words"),
+        ),
+        ("masks empty at the second token", masks_emptied_later, is_4xx_naming("allowed_token_ids")),
+        (
+            "tool arguments 100,000 deep (chat)",
+            post("/v1/chat/completions", chat(messages=tool_turn)),
+            is_4xx_naming(arg_field),
+        ),
+        (
+            "tool arguments 100,000 deep (/tokenize)",
+            post("/tokenize", {"model": MODEL, "messages": tool_turn}),
+            is_4xx_naming(arg_field),
+        ),
+    ]
+    if not sample:
+
+        def stop_only(srv: Server) -> tuple[int, Any]:
+            t = _ids(srv, "7")
+            body = cmpl(max_tokens=4, min_tokens=2, allowed_token_ids=t, stop_token_ids=t)
+            return request(srv, "POST", "/v1/completions", body)
+
+        cases += [
+            ("min_tokens with only a stop token allowed", stop_only, is_4xx_naming("min_tokens")),
+            (
+                "a grammar allowing none of allowed_token_ids",
+                lambda srv: request(
+                    srv, "POST", "/v1/completions", cmpl(allowed_token_ids=_ids(srv, "7"), guided_choice=["yes", "no"])
+                ),
+                is_4xx_naming("allowed_token_ids"),
+            ),
+            (
+                "eight slow compiles, then a small grammar",
+                eight_slow_then_small,
+                lambda status, r: status == 200 and all(c in (400, 503) for c in r["slow"]),
+            ),
+        ]
+    return cases
+
+
+def resp(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "input": "hi", "max_output_tokens": 2, **extra}
+
+
+def msg(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def anthropic_error(status: int, body: Any) -> bool:
+    return 400 <= status < 500 and isinstance(body, dict) and body.get("type") == "error"
+
+
+def agents_cases(sample: bool) -> list[Case]:
+    """/v1/responses and /v1/messages: the grammar, template, depth and size bounds reached through their fields,
+    and the refusals of what they do not take."""
+    cases = _agents_bound_cases() + _agents_refusal_cases()
+    return cases[:5] if sample else cases
+
+
+def _agents_bound_cases() -> list[Case]:
+    slow = patterns_schema(30)
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": slow}}}
+    deep_input = b"[" * 100_000 + b"]" * 100_000
+    deep_use = b'{"type":"tool_use","id":"t","name":"f","input":{"a":' + deep_input + b"}}"
+    deep_msg = b'{"model":"probe","max_tokens":2,"messages":[{"role":"assistant","content":[' + deep_use + b"]}]}"
+    call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 100_000 + "]" * 100_000}
+    cases: list[Case] = [
+        (
+            "responses text.format: 30 intersected patterns",
+            post("/v1/responses", resp(text={"format": {"type": "json_schema", "name": "x", "schema": slow}})),
+            is_4xx_naming("text.format"),
+        ),
+        ("messages tool_use input 10^5 deep", post("/v1/messages", raw=deep_msg), anthropic_error),
+        (
+            "responses function_call arguments 10^5 deep",
+            post("/v1/responses", resp(input=[call])),
+            is_4xx_naming("input.0.arguments"),
+        ),
+        (
+            "count_tokens: a 900 KB system prompt",
+            post(
+                "/v1/messages/count_tokens",
+                {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "system": "a " * 450_000},
+            ),
+            anthropic_error,
+        ),
+        (
+            "GET /v1/responses/<300 characters>",
+            lambda srv: request(srv, "GET", "/v1/responses/" + "x" * 300),
+            is_4xx_naming(),
+        ),
+        (
+            "responses tool_choice required: 30 intersected patterns",
+            post("/v1/responses", resp(tools=[tool], tool_choice="required")),
+            is_4xx_naming("tool_choice"),
+        ),
+        (
+            "messages tool_choice any, streamed: 30 intersected patterns",
+            post(
+                "/v1/messages",
+                msg(
+                    tools=[{"name": "f", "input_schema": tool["parameters"]}], tool_choice={"type": "any"}, stream=True
+                ),
+            ),
+            anthropic_error,
+        ),
+        (
+            "responses: a 900 KB instruction",
+            post("/v1/responses", resp(instructions="a" * 900_000)),
+            is_4xx_naming("input"),
+        ),
+    ]
+    return cases
+
+
+def _agents_refusal_cases() -> list[Case]:
+    return [
+        (
+            "responses previous_response_id unknown",
+            post("/v1/responses", resp(previous_response_id="resp_x")),
+            is_4xx_naming("previous_response_id"),
+        ),
+        (
+            "responses item_reference unknown",
+            post("/v1/responses", resp(input=[{"type": "item_reference", "id": "x"}])),
+            is_4xx_naming("input.0.id"),
+        ),
+        (
+            "responses input_image part",
+            post(
+                "/v1/responses",
+                resp(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]),
+            ),
+            is_4xx_naming("input.0.content.0.type"),
+        ),
+        (
+            "messages image block",
+            post(
+                "/v1/messages",
+                msg(
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [{"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}],
+                        }
+                    ]
+                ),
+            ),
+            anthropic_error,
+        ),
+        (
+            "messages 17 stop sequences",
+            post("/v1/messages", msg(stop_sequences=[str(i) for i in range(17)])),
+            anthropic_error,
+        ),
+        (
+            "messages wrong x-api-key",
+            lambda srv: request(srv, "POST", "/v1/messages", msg(), headers={"x-api-key": "nope"}, key=None),
+            lambda status, body: status == 401 and anthropic_error(status, body),
+        ),
+        ("DELETE /v1/responses/<unknown>", lambda srv: request(srv, "DELETE", "/v1/responses/resp_x"), status_in(404)),
+        ("cancel /v1/responses/<unknown>", post("/v1/responses/resp_x/cancel", {}), status_in(404)),
+    ]
+
+
 CATEGORIES: dict[str, Callable[[bool], list[Case]]] = {
     "grammars and schemas": grammar_cases,
     "chat templates": template_cases,
@@ -539,6 +785,8 @@ CATEGORIES: dict[str, Callable[[bool], list[Case]]] = {
     "API key and routes": auth_cases,
     "malformed HTTP and JSON": http_cases,
     "slow and non-reading clients": slow_clients_cases,
+    "untrusted input in bounded places": untrusted_cases,
+    "agents' APIs (responses, messages)": agents_cases,
 }
 
 
@@ -607,7 +855,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the results as JSON here")
     ap.add_argument("--case-timeout", type=float, default=60.0)
     ap.add_argument(
-        "--baseline", action="store_true", help="probe a keel serve from before issue 26 (without its new flags)"
+        "--baseline", action="store_true", help="probe a keel serve older than its limit flags (none of them passed)"
     )
     ap.add_argument("serve_args", nargs="*", help="extra keel serve arguments (after --)")
     args = ap.parse_args(argv)

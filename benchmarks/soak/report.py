@@ -1,4 +1,5 @@
-"""The figures and goals of a soak run of benchmarks/soak/serve.py, and its summary table."""
+"""The figures and goals of a soak run of benchmarks/soak/serve.py, and its summary table
+(docs/measurements/2026-12-01-soak.md)."""
 
 from __future__ import annotations
 

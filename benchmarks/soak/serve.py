@@ -1,5 +1,7 @@
 """Soak `keel serve`: a timed mix of good, aborted and bad requests, while its memory, fds and KV cache are sampled.
 
+Record: docs/measurements/2026-12-01-soak.md.
+
     HF_HUB_OFFLINE=1 python benchmarks/soak/serve.py --duration 600 --json soak.json   # the demo model, bf16
     python benchmarks/soak/serve.py --url http://127.0.0.1:8000 --pid 1234 ...          # a server already running
 

@@ -1,4 +1,5 @@
-"""The requests of benchmarks/soak/serve.py: a weighted mix of good, aborted and bad ones, each with its outcome.
+"""The requests of benchmarks/soak/serve.py: a weighted mix of good, aborted and bad ones, each with its outcome
+(docs/measurements/2026-12-01-soak.md).
 
 Every request ends in one outcome. Allowed: `completed` (a whole, well-formed answer), `client_aborted`
 (the soak itself hung up: a mid-stream disconnect or a client timeout), `4xx` (the error status that

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from keel_dev.fleet import HAProxy, Replica, Traffic, keel_files_digest, make_env_b, phase_rows, roll
+from fleet import HAProxy, Replica, Traffic, keel_files_digest, make_env_b, phase_rows, roll
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "The capital of France is"

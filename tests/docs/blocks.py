@@ -113,7 +113,7 @@ def page_blocks(path: Path, root: Path = ROOT) -> list[Block]:
 
 
 def doc_pages() -> list[Path]:
-    """README.md and every page under docs/ (the helpers' docs/_incoming/ notes excluded)."""
+    """README.md and every page under docs/ (a staging folder `_incoming`, which mkdocs.yml excludes, left out)."""
     pages = [ROOT / "README.md"]
     pages += sorted(p for p in (ROOT / "docs").rglob("*.md") if "_incoming" not in p.parts)
     return pages

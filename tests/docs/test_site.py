@@ -100,3 +100,35 @@ def test_link_check_sees_a_broken_link(tmp_path: Path):
     page = tmp_path / "page.md"
     page.write_text("[ok](page.md) [gone](gone.md#x) `[not a link](nowhere.md)`\n```\n[in code](x.md)\n```\n")
     assert relative_links(page) == [(1, "page.md"), (1, "gone.md#x")]
+
+
+TOPICS = ("llama.cpp", "vLLM", "pipeline", "audit", "suite")
+
+
+def nav_entries(nav: object) -> int:
+    """Pages listed in mkdocs.yml's `nav`, sections counted by their pages."""
+    if isinstance(nav, list):
+        return sum(nav_entries(item) for item in nav)
+    if isinstance(nav, dict):
+        return sum(nav_entries(v) for v in nav.values())
+    return 1
+
+
+def test_nav_lists_topics_not_records():
+    yaml = pytest.importorskip("yaml")
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    assert nav_entries(nav) <= 15, f"mkdocs.yml's nav has {nav_entries(nav)} entries; at most 15 (topics, not records)"
+    assert nav_entries([{"A": "a.md"}, {"B": ["b.md", {"C": "c.md"}]}]) == 3
+
+
+def test_measurements_index_leads_with_the_latest_figures():
+    """The first table of docs/measurements/index.md has one row per topic, each linking an existing record."""
+    index = ROOT / "docs" / "measurements" / "index.md"
+    lines = index.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    assert not any(line.startswith("#") for line in lines[1:first]), "a section comes before the first table"
+    rows = [line for line in lines[first + 2 :] if line.startswith("|")][: len(TOPICS)]
+    for topic, row in zip(TOPICS, rows, strict=True):
+        assert topic in row.split("|")[1], f"row {row[:60]!r}: expected the topic {topic!r}"
+        targets = [t.split("#")[0] for t in LINK.findall(row)]
+        assert targets and all((index.parent / t).is_file() for t in targets), row

@@ -76,6 +76,43 @@ def test_outputs_admission_and_abort():
     assert not engine.alive and engine.error is None
 
 
+class ClientRecordingEngine(CountdownEngine):
+    """Records the client each request was added for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clients: dict[str, str | None] = {}
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        client: str | None = None,
+    ) -> None:
+        self.clients[request_id] = client
+        super().add_request(request_id, prompt, params)
+
+
+def test_open_passes_the_client_to_the_engine():
+    """The client identity the server gives `open` reaches the engine with every sub-request."""
+    fake = ClientRecordingEngine()
+    engine = AsyncEngine(fake, max_admitted=4)
+
+    async def scenario() -> None:
+        for ids, client in ((["a", "b"], "key-1"), (["c"], None)):
+            stream = await engine.open(ids, [[1]] * len(ids), [SamplingParams()] * len(ids), client=client)
+            assert len([out async for out in stream]) == len(ids)
+            stream.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+    assert fake.clients == {"a": "key-1", "b": "key-1", "c": None}
+
+
 class CountingEngine(CountdownEngine):
     """Counts generated tokens in its metrics, and is slow to report them (as a busy host can be)."""
 
@@ -143,7 +180,7 @@ class ThreadRecordingEngine(CountdownEngine):
 def test_start_builds_the_engine_on_the_thread_that_runs_it():
     """`AsyncEngine.start` (what `keel serve` uses) builds the engine on the engine thread, which then steps
     it: one thread, so one OpenMP team in the process (a model loaded on the main thread and run on another
-    left two, and a 64-token prefill step took 1.6x as long)."""
+    leaves two, which slows prefill steps: docs/measurements/2026-12-03-prefetch.md)."""
     engine = AsyncEngine.start(ThreadRecordingEngine, max_admitted=2)
     fake = engine.engine
 

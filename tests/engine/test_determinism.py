@@ -1,4 +1,4 @@
-"""Issue 27 item 1: the same answer whatever the batch and the cache. A request's logits are the same bits at
+"""The same answer whatever the batch and the cache. A request's logits are the same bits at
 every generated position whether its prompt is computed in one call or with a cached prefix (few rows in the
 call: the kernels' decode path; many: their prompt path), alone or batched with prompts of other lengths.
 

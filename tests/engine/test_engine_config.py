@@ -1,35 +1,93 @@
-"""`EngineConfig` is the one source of the engine's defaults (LLM, LLMEngine and `keel serve` read it) and
-validates itself: every bad value is a ConfigError naming the field, raised before anything is loaded."""
+"""`EngineConfig` is the one definition of every engine setting (LLM's and LLMEngine's keywords and the
+CLI's flags come from its fields; `ServerConfig` likewise for `keel serve`'s own options) and validates
+itself: every bad value is a ConfigError naming the field, raised before anything is loaded."""
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import pytest
 
 from keel.cli import build_parser
+from keel.cli.flags import from_flags
 from keel.engine import LLM, ConfigError, EngineConfig, LLMEngine
-from keel.engine.config import DEFAULTS
+from keel.engine.config import DEFAULTS, setting
+from keel.entrypoints.openai.server_config import ServerConfig
 
 
-def test_llm_and_engine_defaults_are_the_configs_fields():
-    fields = [(f.name, getattr(DEFAULTS, f.name)) for f in dataclasses.fields(EngineConfig)]
-    for cls in (LLM, LLMEngine):
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-        assert [(p.name, p.default) for p in params] == fields, cls.__name__
+def _parse(*argv: str):
+    return build_parser().parse_args(list(argv))
 
 
-def test_keel_serve_defaults_are_the_configs():
-    args = build_parser().parse_args(["serve"])
-    assert (args.block_size, args.max_num_seqs, args.max_num_batched_tokens, args.prefix_caching) == (
-        DEFAULTS.block_size,
-        DEFAULTS.max_num_seqs,
-        DEFAULTS.max_num_batched_tokens,
-        DEFAULTS.enable_prefix_caching,
-    )
-    assert int(args.kv_cache_gib * (1 << 30)) == DEFAULTS.max_kv_cache_bytes
-    assert build_parser().parse_args(["serve", "--no-prefix-caching"]).prefix_caching is False
+@pytest.mark.parametrize("verb", ["serve", "generate", "chat"])
+def test_every_setting_is_a_flag_with_the_configs_default(verb):
+    extra = ["--prompt", "x"] if verb == "generate" else []
+    args = vars(_parse(verb, *extra))
+    assert {f.name: args[f.name] for f in dataclasses.fields(EngineConfig)} == DEFAULTS.to_dict()
+
+
+def test_every_server_option_is_a_serve_flag_with_its_default(monkeypatch):
+    monkeypatch.delenv("KEEL_API_KEY", raising=False)
+    args = vars(_parse("serve"))
+    assert {f.name: args[f.name] for f in dataclasses.fields(ServerConfig)} == dataclasses.asdict(ServerConfig())
+    assert from_flags(ServerConfig, _parse("serve")) == ServerConfig()
+    monkeypatch.setenv("KEEL_API_KEY", "k")
+    assert _parse("serve").api_key == "k"
+
+
+# the flag names users, tests and docs already type; generated from the fields, they must keep working
+KEPT = [
+    (["--kv-cache-gib", "0.5"], "max_kv_cache_bytes", 1 << 29),
+    (["--no-prefix-caching"], "enable_prefix_caching", False),
+    (["--max-tokens-limit", "9"], "max_tokens", 9),
+    (["--keep-alive-timeout", "2"], "keep_alive_s", 2.0),
+    (["--chat-template-timeout", "3"], "template_timeout_s", 3.0),
+    (["--send-timeout", "4"], "send_timeout_s", 4.0),
+    (["--shutdown-timeout", "0"], "shutdown_timeout_s", 0.0),
+    (["--trust-request-chat-template"], "trust_request_chat_template", True),
+    (["--max-num-batched-tokens", "512"], "max_num_batched_tokens", 512),
+    (["--dtype", "bf16"], "dtype", "bf16"),
+    (["--quantization", "fp8"], "quantization", "fp8"),
+]
+
+
+@pytest.mark.parametrize("argv, field, value", KEPT)
+def test_existing_flag_names_set_their_field(argv, field, value):
+    assert getattr(_parse("serve", *argv), field) == value
+
+
+def test_a_new_setting_is_one_field(monkeypatch, capsys):
+    """Adding a field to EngineConfig is the whole change: `keel serve` gets its flag (name, type, default,
+    help), `LLM` its keyword, and both reach the engine's config."""
+
+    @dataclasses.dataclass(slots=True)
+    class Extended(EngineConfig):
+        spec_tokens: int = setting(3, "draft tokens per step")
+
+    monkeypatch.setattr("keel.cli.serve.EngineConfig", Extended)
+    with pytest.raises(SystemExit):
+        _parse("serve", "--help")
+    assert "--spec-tokens SPEC_TOKENS" in capsys.readouterr().out
+    assert _parse("serve").spec_tokens == 3
+    assert from_flags(Extended, _parse("serve", "--spec-tokens", "5")).spec_tokens == 5
+
+    built = []
+    monkeypatch.setattr("keel.engine.llm.EngineConfig", Extended)
+    monkeypatch.setattr(LLMEngine, "from_config", classmethod(lambda cls, config: built.append(config)))
+    LLM("some/model", spec_tokens=4)
+    LLM()
+    assert [(c.model, c.spec_tokens) for c in built] == [("some/model", 4), (DEFAULTS.model, 3)]
+
+
+def test_an_unknown_keyword_names_itself():
+    with pytest.raises(ConfigError, match=r"LLM: unknown setting 'blok_size'; expected one of dtype, ") as info:
+        LLM("no/such-model", blok_size=8)
+    assert info.value.field == "blok_size"
+
+
+def test_server_config_errors_name_the_flag():
+    with pytest.raises(ValueError, match=r"--max-tokens-limit must be >= 1 \(ServerConfig.max_tokens\), got 0"):
+        ServerConfig(max_tokens=0)
 
 
 BAD = [

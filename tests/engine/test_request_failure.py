@@ -1,4 +1,4 @@
-"""One request's failure stays its own (issue 26): a request whose sampler row cannot be sampled, or whose
+"""One request's failure stays its own: a request whose sampler row cannot be sampled, or whose
 forward pass raises, finishes with finish_reason "error" and `.error`; `step` does not raise, and a
 concurrent request completes with the tokens it gets alone."""
 

@@ -1,5 +1,5 @@
-"""Issue 18's engine side on the tiny checkpoints (fp32): logprobs and prompt logprobs against the model's
-own logits and transformers', scoring requests, min_tokens / stop_token_ids / bias / allowed / bad words /
+"""The sampling extras on the engine side, on the tiny checkpoints (fp32): logprobs and prompt logprobs against the
+model's own logits and transformers', scoring requests, min_tokens / stop_token_ids / bias / allowed / bad words /
 special tokens through the engine, and n / best_of."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from keel_dev.engine import keel_prompt_logits
 from support.native import needs_ops
 
 from keel.engine import SamplingParams
+from keel.engine.sampling_params import bad_words_token_ids
 
 pytestmark = needs_ops
 PROMPT = "The quick brown fox"
@@ -119,7 +120,8 @@ def test_logit_bias_allowed_and_bad_words_through_the_engine(llms):
     word = llm.tokenizer.decode([free.token_ids[1]]).strip()
     assert word
     banned = llm.generate(PROMPT, SamplingParams(max_tokens=10, ignore_eos=True, bad_words=[word]))[0]
-    for seq in llm.llm_engine._bad_words_ids([word]):
+    tok = llm.llm_engine.tokenizer
+    for seq in bad_words_token_ids([word], lambda texts: tok.encode_batch(texts, add_special_tokens=False)):
         n = len(seq)
         assert all(banned.token_ids[i : i + n] != seq for i in range(len(banned.token_ids))), (word, seq)
     with pytest.raises(ValueError, match=r"logit_bias of prompt 0 has token ids \[99999\] outside"):

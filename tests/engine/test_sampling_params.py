@@ -38,7 +38,7 @@ BAD = [  # (kwargs, the field the error names, its message)
     ({"temperature": float("nan")}, "temperature", r"SamplingParams: temperature must be >= 0"),
     ({"top_p": 0.0}, "top_p", r"SamplingParams: top_p must be in \(0, 1\]"),
     ({"top_k": -1}, "top_k", r"SamplingParams: top_k must be an integer >= 0"),
-    # what the sampler cannot compute in float32 (issue 26: these made torch.multinomial raise for the batch)
+    # what the sampler cannot compute in float32 (torch.multinomial would raise for the whole batch)
     ({"temperature": 1e39}, "temperature", r"SamplingParams: temperature must be >= 0 and finite, got 1e\+39"),
     ({"repetition_penalty": 1e-300}, "repetition_penalty", r"repetition_penalty must be in \[0.01, 100\]"),
     ({"repetition_penalty": 0.0}, "repetition_penalty", r"repetition_penalty must be in \[0.01, 100\]"),

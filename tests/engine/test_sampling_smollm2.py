@@ -1,4 +1,4 @@
-"""Issue 18's engine features on the real SmolLM2-135M-Instruct (nobody here wrote it), fp32: a JSON schema
+"""The sampling extras on the real SmolLM2-135M-Instruct (nobody here wrote it), fp32: a JSON schema
 answer that validates, and prompt logprobs against transformers' on the same converted checkpoint."""
 
 from __future__ import annotations

@@ -123,3 +123,28 @@ def test_grammar_end_finishes_the_request_even_with_ignore_eos(llms):
     so = SO(regex="(yes|no)")
     out = llms("llama").generate(PROMPT, SamplingParams(max_tokens=20, ignore_eos=True, structured_outputs=so))[0]
     assert out.finish_reason == "stop" and out.text in ("yes", "no")
+
+
+def test_a_compile_past_its_limit_fails_its_request_in_a_worker_process(llms):
+    """Patterns behind `$ref`s pass the static count; their intersection runs into the compile worker's time
+    limit, which ends that worker (not this process) and fails the request naming the limit."""
+    from keel.structured.grammar import GrammarLimits
+
+    engine = llms("llama").llm_engine
+    grammars = engine.grammars()
+    before = grammars.limits
+    grammars.configure(GrammarLimits(compile_timeout_s=1.0))
+    try:
+        letters = "abcdefghijklmnopqr"
+        schema = {
+            "$defs": {c: {"pattern": f".*{c}.*"} for c in letters},
+            "type": "string",
+            "allOf": [{"$ref": f"#/$defs/{c}"} for c in letters],
+        }
+        with pytest.raises(ValueError, match=r"structured_outputs\.json: .*limit of (1 s|512 MiB)"):
+            engine.add_request("slow-spec", PROMPT, SamplingParams(structured_outputs=SO(json=schema)))
+        assert grammars.workers.num_killed == 1 and not engine.has_unfinished_requests()
+        out = llms("llama").generate(PROMPT, SamplingParams(max_tokens=4, structured_outputs=SO(regex="(yes|no)")))[0]
+        assert out.text in ("yes", "no")
+    finally:
+        grammars.configure(before)

@@ -18,6 +18,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("serve_model"))
 
 
+@pytest.fixture(scope="session")
+def tool_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint with a chat template that renders tools the Hermes way (context 1024)."""
+    from keel_dev.checkpoints import with_tools_template
+
+    return with_tools_template(tiny_model, tmp_path_factory.mktemp("tool_model") / "tiny-tools")
+
+
 @pytest.fixture(scope="module")
 def served(tiny_model: Path) -> Iterator[Served]:
     """One server for a test module (the tiny model, fp32, 4-token blocks)."""

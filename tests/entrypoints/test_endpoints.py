@@ -78,9 +78,9 @@ def test_tokenize_detokenize_version(served):
 
 
 def test_max_model_len_caps_requests(tiny_model):
-    from keel.entrypoints.openai.api_server import ServerLimits
+    from keel.entrypoints.openai.server_config import ServerConfig
 
-    served = start_server(tiny_model, limits=ServerLimits(max_tokens=512, max_model_len=40))
+    served = start_server(tiny_model, limits=ServerConfig(max_tokens=512, max_model_len=40))
     try:
         client = served.client()
         assert client.models.retrieve(MODEL_NAME).model_extra["max_model_len"] == 40

@@ -73,7 +73,7 @@ def test_completion_bad_request_400(served, kwargs, param, needle):
         (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), "type"),
         (
             dict(messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "f"}}]),
-            "needs a chat template that renders tools",
+            "needs a tool-call parser",
         ),
         (dict(messages=[{"role": "user", "content": "hi"}], max_tokens=4, max_completion_tokens=5), "disagree"),
     ],
@@ -117,9 +117,9 @@ def test_body_size_limit_413(served):
 
 def test_overloaded_503_then_recovers(tiny_model):
     """A bounded queue: with 1 running + 1 waiting admitted, a third concurrent request gets 503."""
-    from keel.entrypoints.openai.api_server import ServerLimits
+    from keel.entrypoints.openai.server_config import ServerConfig
 
-    served = start_server(tiny_model, engine_kwargs={"max_num_seqs": 1}, limits=ServerLimits(max_waiting=1))
+    served = start_server(tiny_model, engine_kwargs={"max_num_seqs": 1}, limits=ServerConfig(max_waiting=1))
     control = StepControl(served.engine.engine)
     try:
         control.pause()  # the first step blocks: both admitted requests stay in flight

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.scripts import load_script
 
-fleet = pytest.importorskip("keel_dev.fleet")
+fleet = load_script("deploy/fleet/fleet.py")
 
 pytestmark = [
     pytest.mark.slow,  # three `keel serve` starts and two drains

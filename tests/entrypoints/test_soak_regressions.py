@@ -12,9 +12,9 @@ pytestmark = needs_ops
 def test_more_choices_than_the_server_admits_is_400_not_503(tiny_model):
     """n (x prompts) beyond --max-num-seqs + --max-waiting can never be admitted: a 400 naming `n`, not a
     503 "retry later" that a retrying client would obey forever (the server was idle here)."""
-    from keel.entrypoints.openai.api_server import ServerLimits
+    from keel.entrypoints.openai.server_config import ServerConfig
 
-    served = start_server(tiny_model, engine_kwargs={"max_num_seqs": 2}, limits=ServerLimits(max_waiting=1))
+    served = start_server(tiny_model, engine_kwargs={"max_num_seqs": 2}, limits=ServerConfig(max_waiting=1))
     try:
         client = served.client()
         kw = dict(model=MODEL_NAME, max_tokens=2, temperature=0)

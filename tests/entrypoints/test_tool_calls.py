@@ -1,5 +1,6 @@
-"""Tools: the Hermes `<tool_call>` parser (whole and streamed), tool_choice auto through the server and the
-openai client (a scripted engine writes the call), tool results rendered back through a template."""
+"""Tools in chat completions: tool_choice auto through the server and the openai client (a scripted engine writes a
+Hermes call; its arguments stream as they come), tool results rendered back through a template. The parsers' own
+format tests are test_tool_parsers.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import openai
 import pytest
 from support.scripted_engine import start_scripted
 from support.serve import MODEL_NAME, needs_ops
-
-from keel.entrypoints.openai.tool_parsers import HermesStreamParser, calls_from_required, parse_hermes, required_schema
 
 # A Hermes-style template (the shape of Qwen2.5's): tools in a system block, calls as <tool_call> JSON,
 # tool results as <tool_response> in a user turn.
@@ -48,49 +47,6 @@ def pieces(text: str, seed: int = 0) -> list[str]:
     return out
 
 
-def test_parse_hermes_whole_output():
-    content, calls = parse_hermes(CALL_TEXT + '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>')
-    assert content == "Let me check."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}), ("f", {"x": 1})]
-    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
-    assert parse_hermes("no call here") == ("no call here", [])
-    bad = "<tool_call>{not json}</tool_call>"
-    assert parse_hermes(bad) == (bad, [])  # what the model wrote comes back as content
-    assert parse_hermes('<tool_call>{"arguments": {}}</tool_call>')[1] == []  # no name: not a call
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_stream_parser_equals_whole_parse(seed):
-    text = "a <tool x" + CALL_TEXT + " done"
-    parser, content, calls = HermesStreamParser(), [], []
-    for piece in pieces(text, seed):
-        for kind, value in parser.feed(piece):
-            assert kind == "call" or "<tool_call>" not in value  # never a tag inside released content
-            (calls if kind == "call" else content).append(value)
-    for kind, value in parser.finish():
-        (calls if kind == "call" else content).append(value)
-    whole_content, whole_calls = parse_hermes(text)
-    assert "".join(content).strip() == whole_content
-    assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
-
-
-def test_stream_parser_holds_back_only_a_possible_tag():
-    parser = HermesStreamParser()
-    assert parser.feed("hello <tool") == [("content", "hello ")]
-    assert parser.feed("box>") == [("content", "<toolbox>")]  # not a tag after all: released
-    assert parser.finish() == []
-
-
-def test_required_schema_and_its_calls():
-    schema = required_schema([{"name": "get_weather", "parameters": WEATHER["function"]["parameters"]}], parallel=False)
-    assert schema["minItems"] == 1 and schema["maxItems"] == 1
-    (variant,) = schema["items"]["anyOf"]
-    assert variant["properties"]["name"] == {"type": "string", "enum": ["get_weather"]}
-    (call,) = calls_from_required('[{"name": "get_weather", "parameters": {"city": "Oslo"}}]')
-    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Oslo"}
-    assert calls_from_required("not json") == []
-
-
 @needs_ops
 def test_tool_choice_auto_through_the_openai_client(tiny_model):
     served, fake = start_scripted(tiny_model, pieces(CALL_TEXT))
@@ -109,7 +65,7 @@ def test_tool_choice_auto_through_the_openai_client(tiny_model):
         assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
         assert json.loads(call.function.arguments) == {"city": "Paris"}
 
-        content, calls, finish = [], {}, None
+        content, calls, finish, arg_chunks = [], {}, None, 0
         for chunk in client.chat.completions.create(**kw, stream=True):
             for c in chunk.choices:
                 content.append(c.delta.content or "")
@@ -118,13 +74,15 @@ def test_tool_choice_auto_through_the_openai_client(tiny_model):
                     slot["id"] = slot["id"] or tc.id
                     slot["name"] += tc.function.name or ""
                     slot["arguments"] += tc.function.arguments or ""
+                    arg_chunks += bool(tc.function.arguments)
                 finish = c.finish_reason or finish
+        assert arg_chunks >= 3  # the arguments stream as the model writes them, not in one piece at the end
         assert "".join(content) == "Let me check." and finish == "tool_calls"
         assert [(v["name"], json.loads(v["arguments"])) for v in calls.values()] == [("get_weather", {"city": "Paris"})]
         assert calls[0]["id"].startswith("call_")
 
-        # the model's own template does not render tools: auto has nothing to act on -> 400, not a silent miss
-        with pytest.raises(openai.BadRequestError, match="renders tools"):
+        # the model's own template shows no tool-call format: auto has no parser -> 400, not a silent miss
+        with pytest.raises(openai.BadRequestError, match="--tool-call-parser"):
             client.chat.completions.create(model=MODEL_NAME, messages=kw["messages"], tools=[WEATHER])
     finally:
         served.stop()

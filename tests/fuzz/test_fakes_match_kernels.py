@@ -15,9 +15,9 @@ from collections import Counter
 
 import pytest
 import torch
-from keel_dev.fuzz.ops.cases import Case, build_call, names_op, on_meta
-from keel_dev.fuzz.ops.examples import all_examples
-from keel_dev.fuzz.ops.inventory import registered
+from keel_fuzz.ops.cases import Case, build_call, names_op, on_meta
+from keel_fuzz.ops.examples import all_examples
+from keel_fuzz.ops.inventory import registered
 
 SEEDS = range(160)
 # what a kernel reads from tensor contents or memory addresses, which meta tensors do not have

@@ -1,4 +1,4 @@
-"""A small fixed-seed fuzz run of every op of every keel namespace (scripts/dev/fuzz_ops.py runs the big one):
+"""A small fixed-seed fuzz run of every op of every keel namespace (`python -m keel_fuzz.ops` runs the big one):
 no crash, no hang, and every error names the op."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import random
 
 import pytest
 import torch
-from keel_dev.fuzz.ops import fuzz
-from keel_dev.fuzz.ops.examples import all_examples
-from keel_dev.fuzz.ops.inventory import load_libraries, registered
+from keel_fuzz.ops import fuzz
+from keel_fuzz.ops.examples import all_examples
+from keel_fuzz.ops.inventory import load_libraries, registered
 
 
 @pytest.mark.parametrize("name", sorted(all_examples()))

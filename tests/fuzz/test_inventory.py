@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from keel_dev.fuzz.ops.examples import all_examples
-from keel_dev.fuzz.ops.inventory import load_libraries, registered, vendored_modules
+from keel_fuzz.ops.examples import all_examples
+from keel_fuzz.ops.inventory import load_libraries, registered, vendored_modules
 from support.scripts import load_script
 
 from keel import _compat, _oplist

@@ -1,5 +1,5 @@
 """The memory a config.json implies is estimated before anything is allocated (src/keel/hf/memory.py); a config
-past the limit is refused with the fields named, the estimate and the limit (issue 26, item 6)."""
+past the limit is refused with the fields named, the estimate and the limit."""
 
 from __future__ import annotations
 

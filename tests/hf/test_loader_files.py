@@ -1,5 +1,5 @@
-"""Hostile checkpoint files fail with an error naming the file, without reading more than a bound (issue 26,
-item 6): a deeply nested or oversized tokenizer.json, a chat_template.jinja that is a link to
+"""Hostile checkpoint files fail with an error naming the file, without reading more than a
+bound: a deeply nested or oversized tokenizer.json, a chat_template.jinja that is a link to
 /proc/self/pagemap or a FIFO, a model.safetensors link loop."""
 
 from __future__ import annotations

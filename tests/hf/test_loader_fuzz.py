@@ -1,4 +1,4 @@
-"""A small fixed sample of the loader fuzzer (scripts/dev/fuzz_loaders.py runs all of it, a few hundred mutations):
+"""A small fixed sample of the loader fuzzer (`python -m keel_fuzz.loaders` runs all of it, a few hundred mutations):
 every mutated checkpoint loads, or fails with a keel error that names the file and the field."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 from collections import defaultdict
 
 import pytest
-from keel_dev.fuzz.loaders import Mutation, gguf_mutations, hf_mutations
-from keel_dev.fuzz.loaders import harness as loader_fuzz
+from keel_fuzz.loaders import Mutation, gguf_mutations, hf_mutations
+from keel_fuzz.loaders import harness as loader_fuzz
 from support.smollm2 import needs_smollm2
 
 
@@ -50,7 +50,7 @@ def test_tiny_checkpoint_sample_has_no_defects(tiny_hf, tiny_gguf, tmp_path):
     assert not report.defects, report.summary()
 
 
-# mutations of the real SmolLM2 files that once gave unclear errors (issue 16) or allocated before failing
+# mutations of the real SmolLM2 files that once gave unclear errors or allocated before failing
 REAL = (
     "config.json:vocab_size=huge",
     "config.json:num_hidden_layers=huge",

@@ -9,7 +9,16 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from keel.layers.sampler import apply_masks, apply_min_p, apply_penalties, greedy, sample, unpack_bitmask
+from keel.layers.sampler import (
+    NOT_FINITE,
+    NOTHING_ALLOWED,
+    apply_masks,
+    apply_min_p,
+    apply_penalties,
+    greedy,
+    sample,
+    unpack_bitmask,
+)
 
 
 @dataclass
@@ -182,8 +191,8 @@ def test_half_precision_logits_calls_do_not_leak_into_each_other():
 
 
 def test_tiny_temperatures_are_greedy_and_a_tiny_top_p_keeps_the_top_token():
-    """issue 26: temperature 1e-40 (0 in float32) or 5e-324 made the probabilities NaN and multinomial
-    raised; below SAMPLING_EPS a row is greedy. A top_p below float32's smallest value keeps the top token."""
+    """Temperature 1e-40 (0 in float32) or 5e-324 would make the probabilities NaN; below SAMPLING_EPS a row
+    is greedy. A top_p below float32's smallest value keeps the top token."""
     torch.manual_seed(0)
     logits = torch.randn(4, 50) * 4
     params = [P(temperature=5e-324), P(temperature=1e-40), P(temperature=1.0, top_p=1e-46), P(temperature=1e-6)]
@@ -219,7 +228,20 @@ def test_a_row_that_cannot_be_sampled_fails_alone():
     assert [out.logprobs[r] for r, (k, _) in enumerate(order) if k == "g"][0] == alone.logprobs[0]
     assert sorted(out.errors) == [1, 3, 5, 6]
     assert all(out.token_ids[r] == -1 and out.logprobs[r] is None for r in out.errors)
-    assert "outside [0, 8)" in out.errors[5] and "NaN" in out.errors[1] and "NaN" in out.errors[6]
+    assert "outside [0, 8)" in out.errors[5] and "NaN" in out.errors[1]
+    assert out.errors[6] == NOTHING_ALLOWED  # its own masks left nothing: the request's fault
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_row_its_masks_empty_is_the_requests_fault_a_row_of_nan_the_engines(temperature):
+    """Masks that remove every token of finite logits: NOTHING_ALLOWED (a client error upstream); the same
+    masks over NaN logits, or NaN alone: NOT_FINITE (the engine's)."""
+    logits = torch.randn(3, V)
+    logits[1, 2] = float("nan")
+    logits[2] = float("nan")
+    p = P(temperature=temperature, allowed_token_ids=[1, 2])
+    out = sample(logits, [p, p, P(temperature=temperature)], [None] * 3, [[0]] * 3, banned=[[1, 2], [1], []])
+    assert out.errors == {0: NOTHING_ALLOWED, 1: NOT_FINITE, 2: NOT_FINITE}
 
 
 @pytest.mark.parametrize("vocab", [8, 1000, 4096])  # one cumulative sum; two levels (chunks of 128)

@@ -1,5 +1,5 @@
-"""Issue 27 item 1 for the row ops beside the projections: a row's rms_norm / fused_add_rms_norm / silu_and_mul
-bits do not depend on the call (how many rows it has, where the row sits), on the layout of its tensors
+"""The same bits whatever the call, for the row ops beside the projections: a row's rms_norm / fused_add_rms_norm /
+silu_and_mul bits do not depend on the call (how many rows it has, where the row sits), on the layout of its tensors
 (contiguous or strided), or on which vector build of the kernel runs it (silu_and_mul's 16-wide AVX-512 build
 against its 8-wide AVX2 build).
 

@@ -59,7 +59,7 @@ def test_silu_and_mul(dtype):
 
 
 def test_silu_edges_exact():
-    # the values a report named: silu(-inf) is nan in torch; exp overflow just below ln(FLT_MAX)
+    # edge values: silu(-inf) is nan in torch; exp overflow just below ln(FLT_MAX)
     g = torch.tensor([-float("inf"), float("inf"), float("nan"), -88.71, 88.71, -87.5, -90.0, -104.5])
     got = ops.silu_and_mul(torch.cat([g, torch.ones_like(g)])[None])[0]
     want = F.silu(g)

@@ -1,4 +1,4 @@
-"""Issue 27 item 1 at the op level: a row's result of keel.ops.linear / keel.ops.fp8_linear is the same bits
+"""The same bits whatever the call, at the op level: a row's result of keel.ops.linear / keel.ops.fp8_linear is the same bits
 whatever call it is in (how many rows the call has, where the row sits in it, which other rows share it,
 how many threads run it), at every KEEL_CPU_ISA level this CPU has (AMX included where it exists).
 

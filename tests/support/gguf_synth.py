@@ -11,10 +11,10 @@ import numpy as np
 
 # value type tags of the GGUF spec, and their encoding (the loader fuzzer's byte-level model, which is
 # independent of keel's reader too)
-from keel_dev.fuzz.loaders.gguf_layout import ARR, BOOL, F64, I8, I16, I32, I64, STR, U8, U16, U32, U64  # noqa: F401
-from keel_dev.fuzz.loaders.gguf_layout import F32 as F32V
-from keel_dev.fuzz.loaders.gguf_layout import encode_str as _str
-from keel_dev.fuzz.loaders.gguf_layout import encode_value as _value
+from keel_fuzz.loaders.gguf_layout import ARR, BOOL, F64, I8, I16, I32, I64, STR, U8, U16, U32, U64  # noqa: F401
+from keel_fuzz.loaders.gguf_layout import F32 as F32V
+from keel_fuzz.loaders.gguf_layout import encode_str as _str
+from keel_fuzz.loaders.gguf_layout import encode_value as _value
 
 # ggml types used here
 T_F32, T_F16, T_Q4_1, T_Q8_0, T_BF16 = 0, 1, 3, 8, 30

@@ -67,7 +67,7 @@ class ScriptedEngine:
         self.params_seen: list[Any] = []
         self.prompts_seen: list[list[int]] = []
 
-    def add_request(self, request_id: str, prompt: Any, params: Any = None) -> None:
+    def add_request(self, request_id: str, prompt: Any, params: Any = None, *, client: str | None = None) -> None:
         self.params_seen.append(params)
         self.prompts_seen.append(list(prompt))
         self.requests[request_id] = _Req(params, list(prompt))
@@ -128,13 +128,14 @@ class ScriptedEngine:
 def start_scripted(tiny_model: Any, pieces: list[str], **kwargs: Any) -> Any:
     """A real server over a ScriptedEngine (the tiny checkpoint's config and tokenizer)."""
     from keel.engine.async_engine import AsyncEngine
-    from keel.entrypoints.openai.api_server import ServerLimits, ServerThread, build_app
+    from keel.entrypoints.openai.api_server import ServerThread, build_app
+    from keel.entrypoints.openai.server_config import ServerConfig
     from support.serve import MODEL_NAME, Served, make_engine
 
     fake = ScriptedEngine(make_engine(tiny_model), pieces, **kwargs)
     engine = AsyncEngine(fake, max_admitted=64)
     # the tool tests send their own chat_template (the tiny model's renders no tools): the operator's choice
     app = build_app(
-        engine, model_name=MODEL_NAME, limits=ServerLimits(max_tokens=512), trust_request_chat_template=True
+        engine, model_name=MODEL_NAME, limits=ServerConfig(max_tokens=512), trust_request_chat_template=True
     )
     return Served(ServerThread(app).start(), engine), fake

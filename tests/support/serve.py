@@ -123,9 +123,10 @@ class Served:
 
 def start_server(folder: Path, *, engine_kwargs: dict | None = None, **app_kwargs: Any) -> Served:
     from keel.engine.async_engine import AsyncEngine
-    from keel.entrypoints.openai.api_server import ServerLimits, ServerThread, build_app
+    from keel.entrypoints.openai.api_server import ServerThread, build_app
+    from keel.entrypoints.openai.server_config import ServerConfig
 
-    limits = app_kwargs.pop("limits", None) or ServerLimits(max_tokens=512)
+    limits = app_kwargs.pop("limits", None) or ServerConfig(max_tokens=512)
     llm = make_engine(folder, **(engine_kwargs or {}))
     max_num_seqs = (engine_kwargs or {}).get("max_num_seqs", 64)
     engine = AsyncEngine(llm, max_admitted=max_num_seqs + limits.max_waiting)

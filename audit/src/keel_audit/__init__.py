@@ -10,9 +10,32 @@ full-read fallback checks it.
 
 from __future__ import annotations
 
-from .analysis import audit
+from typing import TYPE_CHECKING, Any
+
 from .errors import AuditError, AuditInputError, ElfFormatError, TableError
-from .result import SCHEMA, Finding, LibraryAudit, PackageAudit
+
+if TYPE_CHECKING:
+    from .analysis import audit
+    from .result import SCHEMA, Finding, LibraryAudit, PackageAudit
+
+# The binary audit (pyelftools, the symbol tables) loads on first use: `keel-audit inventory` on one changed
+# file, a pre-commit hook, never needs it.
+_LAZY = {
+    "audit": "analysis",
+    "SCHEMA": "result",
+    "Finding": "result",
+    "LibraryAudit": "result",
+    "PackageAudit": "result",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "SCHEMA",

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .elf import ElfFormatError, ElfInfo, read_elf
 from .errors import AuditInputError
-from .wheelzip import MemberReader, check_members, read_member
+from .wheelzip import MemberReader, check_members, read_file_text, read_member, read_text
 
 _LIB_NAME = re.compile(r"^lib[^/]*\.so(\.\d+)*$")
 _VERSION_RE = re.compile(r"^\d+(\.\d+)*([a-z0-9.+]*)$")
@@ -112,15 +112,35 @@ def _origin(member: str, default: str) -> str:
     return "cuda" if member.startswith("nvidia/") or "/nvidia/" in member else default
 
 
-def _wheel_providers(path: Path, stack: ExitStack, origin: str) -> tuple[dict[str, Provider], zipfile.ZipFile]:
+@dataclass
+class _Wheel:
+    """A wheel opened for reading: its zip, a descriptor for positional reads, its checked members."""
+
+    path: Path
+    zf: zipfile.ZipFile
+    fd: int
+    members: dict[str, zipfile.ZipInfo]
+
+    def text(self, name: str) -> str | None:
+        """A metadata member's text through the bounded reader; None when the wheel has no such member."""
+        info = self.members.get(name)
+        return read_text(self.zf, info, str(self.path), self.fd) if info else None
+
+
+def _open_wheel(path: Path, stack: ExitStack) -> _Wheel:
     try:
         zf = stack.enter_context(zipfile.ZipFile(path))
         fd = os.open(path, os.O_RDONLY)
     except (zipfile.BadZipFile, OSError) as exc:
         raise AuditInputError(f"{path}: not a readable wheel ({exc}); expected a zip archive") from None
     stack.callback(os.close, fd)
+    return _Wheel(path, zf, fd, {info.filename: info for info in check_members(zf, str(path))})
+
+
+def _wheel_providers(wheel: _Wheel, origin: str) -> dict[str, Provider]:
+    zf, fd = wheel.zf, wheel.fd
     out: dict[str, Provider] = {}
-    for info in check_members(zf, str(path)):
+    for info in wheel.members.values():
         base = info.filename.rsplit("/", 1)[-1]
         if _LIB_NAME.match(base) and (info.filename.startswith("torch/lib/") or "/lib/" in info.filename):
             out.setdefault(
@@ -133,7 +153,7 @@ def _wheel_providers(path: Path, stack: ExitStack, origin: str) -> tuple[dict[st
                     partial(read_member, zf, info, fd),
                 ),
             )
-    return out, zf
+    return out
 
 
 def _dir_providers(root: Path, origin: str) -> dict[str, Provider]:
@@ -166,12 +186,10 @@ def _open_site(site: Path, label: str) -> TorchCandidate:
     torch_dir = site / "torch" if (site / "torch").is_dir() else site
     if not (torch_dir / "lib").is_dir():
         raise AuditInputError(f"{label}: no torch/lib folder; expected a site-packages folder with torch installed")
-    vtext = (torch_dir / "version.py").read_text() if (torch_dir / "version.py").is_file() else ""
-    version, cuda = _parse_version_py(vtext)
+    version, cuda = _parse_version_py(read_file_text(torch_dir / "version.py", label) or "")
     tag = None
     for dist in sorted(torch_dir.parent.glob("torch-*.dist-info")):
-        wheel = dist / "WHEEL"
-        tag = _python_tag(wheel.read_text() if wheel.is_file() else None) or tag
+        tag = _python_tag(read_file_text(dist / "WHEEL", label)) or tag
     providers = _dir_providers(torch_dir / "lib", "torch")
     for name, p in _dir_providers(torch_dir.parent / "nvidia", "cuda").items():
         p.path = "nvidia/" + p.path
@@ -204,14 +222,14 @@ def open_candidate(spec: str, stack: ExitStack, also: Iterable[str] = (), cache:
     elif path.is_file():
         if not zipfile.is_zipfile(path):
             raise AuditInputError(f"--torch {spec}: not a zip archive; expected a torch .whl")
-        providers, zf = _wheel_providers(path, stack, "torch")
-        names = set(zf.namelist())
-        if "torch/version.py" not in names:
+        wheel = _open_wheel(path, stack)
+        vtext = wheel.text("torch/version.py")
+        if vtext is None:
             raise AuditInputError(f"--torch {spec}: no torch/version.py in the wheel; expected a torch wheel")
-        version, cuda = _parse_version_py(zf.read("torch/version.py").decode("utf-8", "replace"))
-        wheel = next((n for n in names if n.endswith(".dist-info/WHEEL") and n.count("/") == 1), None)
-        tag = _python_tag(zf.read(wheel).decode("utf-8", "replace") if wheel else None, path.name)
-        cand = TorchCandidate(str(path), version, cuda, tag, providers, False)
+        version, cuda = _parse_version_py(vtext)
+        meta = next((n for n in wheel.members if n.endswith(".dist-info/WHEEL") and n.count("/") == 1), None)
+        tag = _python_tag(wheel.text(meta) if meta else None, path.name)
+        cand = TorchCandidate(str(path), version, cuda, tag, _wheel_providers(wheel, "torch"), False)
     elif path.is_dir():
         cand = _open_site(path, str(path))
     elif _VERSION_RE.match(spec) and os.sep not in spec:
@@ -223,7 +241,7 @@ def open_candidate(spec: str, stack: ExitStack, also: Iterable[str] = (), cache:
     for extra in also:
         epath = Path(extra)
         if epath.is_file() and zipfile.is_zipfile(epath):
-            more, _zf = _wheel_providers(epath, stack, "extra")
+            more = _wheel_providers(_open_wheel(epath, stack), "extra")
         elif epath.is_dir():
             more = _dir_providers(epath, "extra")
         else:

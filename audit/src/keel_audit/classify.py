@@ -150,6 +150,11 @@ def _library_findings(lib: LibraryAudit, ctx: Context) -> list[Finding]:
     Severities are left to the policy (analysis.py), except a non-limited CPython symbol outside an
     abi3 library, which is a note.
     """
+    return [*_torch_symbol_findings(lib, ctx), *_linkage_findings(lib, ctx), *_platform_findings(lib)]
+
+
+def _torch_symbol_findings(lib: LibraryAudit, ctx: Context) -> list[Finding]:
+    """Unstable libtorch C++ and torch C symbols the shim table does not know."""
     out: list[Finding] = []
     p = lib.path
     if lib.unstable_symbols:
@@ -173,6 +178,13 @@ def _library_findings(lib: LibraryAudit, ctx: Context) -> list[Finding]:
                 lib.unknown_shim,
             )
         )
+    return out
+
+
+def _linkage_findings(lib: LibraryAudit, ctx: Context) -> list[Finding]:
+    """DT_NEEDED torch libraries (forbidden or unneeded), a dynamic CUDA runtime, a RUNPATH into the build."""
+    out: list[Finding] = []
+    p = lib.path
     torch_needed = [n for n in lib.needed if ctx.policy.is_torch_library(n)]
     bad = tuple(n for n in torch_needed if ctx.policy.forbidden_torch_library(n))
     if bad:
@@ -218,6 +230,13 @@ def _library_findings(lib: LibraryAudit, ctx: Context) -> list[Finding]:
                 build,
             )
         )
+    return out
+
+
+def _platform_findings(lib: LibraryAudit) -> list[Finding]:
+    """CPython outside the limited API, no known manylinux floor, header-only torch code exported or imported."""
+    out: list[Finding] = []
+    p = lib.path
     if lib.cpython_nonlimited:
         out.append(
             Finding(

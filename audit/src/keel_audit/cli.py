@@ -139,6 +139,10 @@ def run_preflight(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`keel-audit` / `python -m keel_audit` entry point (`keel-audit preflight ...` for the preflight)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["inventory"]:
+        from .inventory.cli import main as inventory_main  # the source inventory needs no ELF reader
+
+        return inventory_main(argv[1:])
     if argv[:1] == ["preflight"]:
         pre = argparse.ArgumentParser(
             prog="keel-audit preflight",
@@ -152,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="keel-audit",
         description="Audit the ELF objects of a wheel for torch stable-ABI compatibility. "
         "Exit 0 pass, 1 an error-severity finding, 2 could not audit. "
-        "`keel-audit preflight TARGET --torch CANDIDATE`: will TARGET load on that torch (see its --help).",
+        "`keel-audit preflight TARGET --torch CANDIDATE`: will TARGET load on that torch (see its --help). "
+        "`keel-audit inventory PATH...`: what a C++ extension's source must change for the stable ABI.",
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import email.parser
-import importlib.metadata as metadata
 import os
 import re
+import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Literal
 
 from .elf import ELF_MAGIC
 from .errors import AuditInputError
-from .wheelzip import MemberReader, check_members, head, read_member
+from .wheelzip import MemberReader, check_members, head, read_file_text, read_member, read_text
 
 _SO_NAME = re.compile(r"\.so(\.\d+)*$")
 
@@ -77,7 +78,7 @@ def open_wheel(path: Path, zf: zipfile.ZipFile, fd: int | None = None) -> Source
 
     def text_of(name: str) -> str | None:
         info = dist_info.get(name)
-        return zf.read(info).decode("utf-8", "replace") if info else None
+        return read_text(zf, info, str(path), fd) if info else None
 
     tags, requires, requires_python = _wheel_meta(text_of)
     if not tags:
@@ -158,22 +159,43 @@ def open_path(arg: str) -> Source | None:
     return None
 
 
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _dist_info(name: str) -> Path:
+    """The `.dist-info` folder of installed distribution `name`: the first on sys.path, as importlib finds it."""
+    want = _normalized(name)
+    for entry in sys.path:
+        base = Path(entry or ".")
+        try:
+            children = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for child in children:
+            if child.endswith(".dist-info") and _normalized(child[: -len(".dist-info")].split("-")[0]) == want:
+                return base / child
+    raise AuditInputError(
+        f"{name!r}: expected a .whl, a directory, a .so file or an installed distribution name; found none of these"
+    )
+
+
 def open_distribution(name: str) -> Source:
-    """An installed distribution: its RECORD'ed files, tags from WHEEL, requirements from METADATA."""
+    """An installed distribution: its RECORD'ed files, tags from WHEEL, requirements from METADATA (each read
+    through the bounded reader)."""
+    folder = _dist_info(name)
+    label = f"{name} (installed)"
+    tags, requires, requires_python = _wheel_meta(lambda member: read_file_text(folder / member, label))
+    record = read_file_text(folder / "RECORD", label) or ""
     try:
-        dist = metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        raise AuditInputError(
-            f"{name!r}: expected a .whl, a directory, a .so file or an installed distribution name; found none of these"
-        ) from None
-    files = [Path(str(dist.locate_file(f))) for f in (dist.files or ())]
-    root = Path(str(dist.locate_file("")))
-    tags, _, _ = _wheel_meta(dist.read_text)
+        files = [folder.parent / row[0] for row in csv.reader(record.splitlines()) if row]
+    except csv.Error as exc:
+        raise AuditInputError(f"{label}: {folder / 'RECORD'}: not a RECORD file ({exc})") from None
     return Source(
-        f"{name} (installed)",
+        label,
         "distribution",
         _expand(tags),
-        tuple(dist.requires or ()),
-        _scan_dir(root, [f for f in files if f.exists()]),
-        next(iter(dist.metadata.get_all("Requires-Python") or ()), None),
+        requires,
+        _scan_dir(folder.parent, [f for f in files if f.exists()]),
+        requires_python,
     )

@@ -35,7 +35,7 @@ from typing import Any
 
 from .analysis import _open, _parse
 from .candidate import Provider, TorchCandidate, host_dirs, host_library, open_candidate
-from .elf import ElfFormatError, ElfInfo, read_elf
+from .elf import ElfFormatError, ElfInfo, Symbol, read_elf
 from .errors import AuditError, AuditInputError
 from .inputs import Source
 
@@ -359,150 +359,186 @@ _PROCESS_LIBRARIES = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0")
 def resolve_library(
     path: str, info: ElfInfo, scope: _Scope, global_names: Sequence[str], tags: tuple[str, ...]
 ) -> LibraryPreflight:
-    """One TARGET library against the candidate."""
+    """One TARGET library against the candidate: its symbols looked up (`_Lookup`), then what is missing
+    explained (which library should have provided it, the CUDA runtime, the Python ABI)."""
     cand = scope.cand
     seen: set[str] = set()
     level = _levels(info.needed, scope, seen)
     direct = [(n, o) for n, o, _w in level]
-    needed = {n: (o or "not provided") for n, o, _w in level}
-    unprovided = []
-    for n, o, _w in level:
-        if not o:
-            if n in DRIVER_LIBRARIES:
-                why = f"{DRIVER_LIBRARIES[n]}'s library; not part of torch and not found on this machine"
-            elif _CUDART.match(n):
-                have = [p for p in cand.providers if _CUDART.match(p)]
-                why = (
-                    f"CUDA runtime {_CUDART.match(n).group(1)}; the candidate is "  # type: ignore[union-attr]
-                    + (f"CUDA {cand.cuda}" if cand.cuda else "CPU-only")
-                    + (f" and provides {', '.join(have)}" if have else "")
-                )
-            elif any(n.startswith(lib) for _p, lib, kind in _FAMILIES if kind == "cuda"):
-                why = (
-                    "a CUDA library: not in the candidate"
-                    + ("" if cand.cuda_libraries_given else " (its nvidia-* wheels were not given: --also)")
-                    + " nor on this machine"
-                )
-            elif n.startswith(("libtorch", "libc10")):
-                why = "not in this torch" + ("" if cand.cuda else " (a CPU-only build)")
-            else:
-                why = "neither in the candidate nor in the target nor on this machine"
-            unprovided.append((n, why))
-    tables: list[_Table] = []
-    version_owner: dict[str, _Table] = {}
+    counts = {"torch": 0, "cuda": 0, "target": 0, "host": 0, "extra": 0, "global": 0, "system": 0, "python": 0}
+    counts |= {"weak": 0, "assumed": 0, "missing": 0}
+    lookup = _Lookup(scope, info, counts)
+    unresolved, missing_versions = lookup.run(level, seen, global_names, direct)
+    missing, unchecked = _explain_missing(unresolved, lookup.vneed_file, direct, cand, counts)
+    unprovided = [(n, _why_unprovided(n, cand)) for n, o, _w in level if not o]
+    python = _python_verdict(path, info, tags, cand)
+    return LibraryPreflight(
+        path=path,
+        loads=not unprovided and not missing and not missing_versions,
+        python_ok=bool(python["ok"]),
+        needed={n: (o or "not provided") for n, o, _w in level},
+        unprovided=tuple(unprovided),
+        missing=tuple(missing),
+        missing_versions=tuple(missing_versions),
+        cuda=_cuda_verdict(info, cand),
+        python=python,
+        counts={k: v for k, v in counts.items() if v},
+        unchecked=tuple(unchecked),
+    )
 
-    def add(lv: list[tuple[str, str, ElfInfo | Provider | None]]) -> list[str]:
-        cand.prefetch(n for n, o, w in lv if isinstance(w, Provider))
+
+class _Lookup:
+    """Where each undefined symbol of one library resolves, as the loader looks: its DT_NEEDED tree level by
+    level (a deeper level read only while symbols are still unresolved), then the global scope torch sets up,
+    then (with the host) the platform's libraries for unversioned references. Tallies into `counts`."""
+
+    def __init__(self, scope: _Scope, info: ElfInfo, counts: dict[str, int]) -> None:
+        self.scope, self.info, self.counts = scope, info, counts
+        self.tables: list[_Table] = []
+        self.global_tables: list[_Table] = []
+        self.version_owner: dict[str, _Table] = {}
+        self.vneed_file = {v: f for f, v in info.version_needs}
+
+    def run(
+        self,
+        level: list[tuple[str, str, ElfInfo | Provider | None]],
+        seen: set[str],
+        global_names: Sequence[str],
+        direct: list[tuple[str, str]],
+    ) -> tuple[list[Symbol], list[tuple[str, str]]]:
+        """The symbols nothing resolves, and the (file, version) needs a direct dependency does not define."""
+        pending = self._add(level)
+        glob = _levels(global_names, self.scope, set())
+        self.scope.cand.prefetch(n for n, o, w in glob if isinstance(w, Provider))
+        self.global_tables = [_table(n, o, i) for n, o, w in glob if (i := _info(w)) is not None]
+        unresolved = []
+        for s in self.info.undefined:
+            file = self.vneed_file.get(s.version or "")
+            if s.version and (s.version.startswith(SYSTEM_VERSION_PREFIXES) or file in SYSTEM_LIBRARIES):
+                self.counts["system"] += 1
+            else:
+                unresolved.append(s)
+        missing_versions = [
+            (f, v)
+            for f, v in self.info.version_needs
+            if not (f in SYSTEM_LIBRARIES or v.startswith(SYSTEM_VERSION_PREFIXES))
+            and (t := self.version_owner.get(f)) is not None
+            and v not in t.versions
+        ]
+        while True:
+            left = []
+            for s in unresolved:
+                t = self._find(s.name, s.version)
+                if t is None:
+                    left.append(s)
+                else:
+                    self.counts["global" if t in self.global_tables and t not in self.tables else t.origin] += 1
+            unresolved = left
+            if not unresolved or not pending:
+                break
+            pending = self._add(_levels(pending, self.scope, seen))
+        if unresolved and self.scope.host:
+            unresolved = self._platform(unresolved, direct)
+        return unresolved, missing_versions
+
+    def _add(self, lv: list[tuple[str, str, ElfInfo | Provider | None]]) -> list[str]:
+        """Read one level of the tree (in parallel); the names of the next."""
+        self.scope.cand.prefetch(n for n, o, w in lv if isinstance(w, Provider))
         deeper: list[str] = []
         for n, o, w in lv:
             i = _info(w)
             if i is None:
                 continue
             t = _table(n, o, i)
-            tables.append(t)
+            self.tables.append(t)
             deeper += t.needed
             if i.soname:
-                version_owner.setdefault(i.soname, t)
-            version_owner.setdefault(n, t)
+                self.version_owner.setdefault(i.soname, t)
+            self.version_owner.setdefault(n, t)
         return deeper
 
-    pending_next = add(level)
-    gl_seen: set[str] = set()
-    glob = _levels(global_names, scope, gl_seen)
-    cand.prefetch(n for n, o, w in glob if isinstance(w, Provider))
-    global_tables = [_table(n, o, i) for n, o, w in glob if (i := _info(w)) is not None]
-
-    vneed_file = {v: f for f, v in info.version_needs}
-    counts = {"torch": 0, "cuda": 0, "target": 0, "host": 0, "extra": 0, "global": 0, "system": 0, "python": 0}
-    counts |= {"weak": 0, "assumed": 0, "missing": 0}
-    unresolved = []
-    for s in info.undefined:
-        if s.version and (
-            s.version.startswith(SYSTEM_VERSION_PREFIXES) or vneed_file.get(s.version) in SYSTEM_LIBRARIES
-        ):
-            counts["system"] += 1
-            continue
-        unresolved.append(s)
-    missing_versions = []
-    for f, v in info.version_needs:
-        if f in SYSTEM_LIBRARIES or v.startswith(SYSTEM_VERSION_PREFIXES):
-            continue
-        t = version_owner.get(f)
-        if t is not None and v not in t.versions:
-            missing_versions.append((f, v))
-
-    def find(s_name: str, s_version: str | None) -> _Table | None:
-        if s_version:
-            owner = version_owner.get(vneed_file.get(s_version, ""))
+    def _find(self, name: str, version: str | None) -> _Table | None:
+        if version:
+            owner = self.version_owner.get(self.vneed_file.get(version, ""))
             if owner is not None:
-                return owner if (s_name, s_version) in owner.versioned else None
-            for t in tables + global_tables:
-                if (s_name, s_version) in t.versioned:
-                    return t
-            return None
-        for t in tables:
-            if s_name in t.default:
-                return t
-        for t in global_tables:
-            if s_name in t.default:
-                return t
-        return None
+                return owner if (name, version) in owner.versioned else None
+            return next((t for t in self.tables + self.global_tables if (name, version) in t.versioned), None)
+        return next((t for t in self.tables + self.global_tables if name in t.default), None)
 
-    while True:
-        left = []
-        for s in unresolved:
-            t = find(s.name, s.version)
-            if t is None:
-                left.append(s)
-            else:
-                counts["global" if t in global_tables and t not in tables else t.origin] += 1
-        unresolved = left
-        if not unresolved or not pending_next:
-            break
-        pending_next = add(_levels(pending_next, scope, seen))
-
-    if unresolved and scope.host:  # unversioned references glibc or the GCC runtime answer (dlopen, ...)
+    def _platform(self, unresolved: list[Symbol], direct: list[tuple[str, str]]) -> list[Symbol]:
+        """Unversioned references glibc or the GCC runtime answer (dlopen, ...)."""
         system = [n for n, o in direct if o == "system"] + list(_PROCESS_LIBRARIES)
-        sys_tables = [t for n in dict.fromkeys(system) if (t := scope.system_table(n)) is not None]
+        sys_tables = [t for n in dict.fromkeys(system) if (t := self.scope.system_table(n)) is not None]
         left = []
         for s in unresolved:
             if not s.version and any(s.name in t.default for t in sys_tables):
-                counts["system"] += 1
+                self.counts["system"] += 1
             else:
                 left.append(s)
-        unresolved = left
-    missing = []
+        return left
+
+
+def _why_unprovided(name: str, cand: TorchCandidate) -> str:
+    """Why nobody provides DT_NEEDED entry `name`."""
+    if name in DRIVER_LIBRARIES:
+        return f"{DRIVER_LIBRARIES[name]}'s library; not part of torch and not found on this machine"
+    cudart = _CUDART.match(name)
+    if cudart:
+        have = [p for p in cand.providers if _CUDART.match(p)]
+        return (
+            f"CUDA runtime {cudart.group(1)}; the candidate is "
+            + (f"CUDA {cand.cuda}" if cand.cuda else "CPU-only")
+            + (f" and provides {', '.join(have)}" if have else "")
+        )
+    if any(name.startswith(lib) for _p, lib, kind in _FAMILIES if kind == "cuda"):
+        given = "" if cand.cuda_libraries_given else " (its nvidia-* wheels were not given: --also)"
+        return f"a CUDA library: not in the candidate{given} nor on this machine"
+    if name.startswith(("libtorch", "libc10")):
+        return "not in this torch" + ("" if cand.cuda else " (a CPU-only build)")
+    return "neither in the candidate nor in the target nor on this machine"
+
+
+def _explain_missing(
+    unresolved: list[Symbol],
+    vneed_file: dict[str, str],
+    direct: list[tuple[str, str]],
+    cand: TorchCandidate,
+    counts: dict[str, int],
+) -> tuple[list[Missing], list[str]]:
+    """The unresolved symbols that do stop the library from loading, each with the library it should have come
+    from (and a candidate library that defines it elsewhere); weak, Python, assumed and unchecked CUDA symbols
+    are tallied in `counts` instead. Also the CUDA symbols left unchecked."""
+    missing: list[Missing] = []
     unchecked: list[str] = []
     assumed_files = {n for n, o in direct if o == "assumed"}
     for s in unresolved:
         vfile = vneed_file.get(s.version or "")
+        fam = _family(s.name) if not s.version else None
         if s.binding == "weak":
             counts["weak"] += 1
-            continue
-        if not s.version and s.name.startswith(PYTHON_PREFIXES):
+        elif not s.version and s.name.startswith(PYTHON_PREFIXES):
             counts["python"] += 1
-            continue
-        fam = _family(s.name) if not s.version else None
-        if vfile in assumed_files or (fam is not None and any(a.startswith(fam[0]) for a in assumed_files)):
+        elif vfile in assumed_files or (fam is not None and any(a.startswith(fam[0]) for a in assumed_files)):
             counts["assumed"] += 1
-            continue
-        if fam is not None and fam[1] == "cuda" and not cand.cuda_libraries_given:
+        elif fam is not None and fam[1] == "cuda" and not cand.cuda_libraries_given:
             counts["unchecked"] = counts.get("unchecked", 0) + 1
             unchecked.append(s.name)
-            continue
-        counts["missing"] += 1
-        if vfile:
-            expected = vfile
         else:
-            expected = _expected(s.name, direct)
-        elsewhere = None
-        for p in cand.providers.values():
-            if p.loaded and s.name in _table(p.name, p.origin, p.info()).default:
-                elsewhere = p.name
-                break
-        missing.append(Missing(s.name, s.version, expected, elsewhere))
+            counts["missing"] += 1
+            elsewhere = next(
+                (
+                    p.name
+                    for p in cand.providers.values()
+                    if p.loaded and s.name in _table(p.name, p.origin, p.info()).default
+                ),
+                None,
+            )
+            missing.append(Missing(s.name, s.version, vfile or _expected(s.name, direct), elsewhere))
+    return missing, unchecked
 
-    # CUDA runtime
+
+def _cuda_verdict(info: ElfInfo, cand: TorchCandidate) -> dict[str, Any]:
+    """The CUDA runtime the library links (DT_NEEDED libcudart.so.N, or static) against the candidate's."""
     major = _cuda_major(info)
     cand_major = cand.cuda.split(".")[0] if cand.cuda else None
     uses_cuda = major is not None or any(
@@ -520,7 +556,11 @@ def resolve_library(
     elif uses_cuda and major is None:  # cand_major is set here: the branch above took CPU-only builds
         cuda["target"] = "static"
         cuda["note"] = f"links the CUDA runtime statically; this torch is built for CUDA {cand.cuda}"
+    return cuda
 
+
+def _python_verdict(path: str, info: ElfInfo, tags: tuple[str, ...], cand: TorchCandidate) -> dict[str, Any]:
+    """A Python extension's ABI (abi3 floor or exact cpXY) against the candidate's CPython tag."""
     kind, pyver, is_ext = _python_req(path, info, tags)
     cand_py = (3, int(cand.python_tag[3:])) if cand.python_tag else None
     python: dict[str, Any] = {"extension": is_ext, "kind": kind, "ok": True, "note": ""}
@@ -533,20 +573,7 @@ def resolve_library(
                 f"{'abi3 from' if kind == 'abi3' else 'built for'} Python {pyver[0]}.{pyver[1]}; "
                 f"this torch is for Python {cand_py[0]}.{cand_py[1]}"
             )
-    loads = not unprovided and not missing and not missing_versions
-    return LibraryPreflight(
-        path=path,
-        loads=loads,
-        python_ok=bool(python["ok"]),
-        needed=needed,
-        unprovided=tuple(unprovided),
-        missing=tuple(missing),
-        missing_versions=tuple(missing_versions),
-        cuda=cuda,
-        python=python,
-        counts={k: v for k, v in counts.items() if v},
-        unchecked=tuple(unchecked),
-    )
+    return python
 
 
 def _read_overlapped(sources: list[Source], cand: TorchCandidate) -> list[tuple[Source, str, ElfInfo | ElfFormatError]]:

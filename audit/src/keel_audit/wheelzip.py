@@ -1,4 +1,6 @@
-"""Read a wheel straight from its zip: refuse zip-slip names, symlinks, absurd sizes, duplicates."""
+"""Read a wheel straight from its zip: refuse zip-slip names, symlinks, absurd sizes, duplicates. Every member
+is read through a bounded reader: libraries through `MemberReader` (windows, never whole), metadata text
+(METADATA, WHEEL, RECORD, torch/version.py) through `read_text` (at most MAX_METADATA bytes)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import stat
 import struct
 import zipfile
 import zlib
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Protocol
 
@@ -37,7 +39,11 @@ _READ_ERRORS: tuple[type[BaseException], ...] = (
 
 MAX_MEMBER = 8 << 30  # one member larger than 8 GiB is not a real extension
 MAX_TOTAL = 32 << 30  # nor is a wheel that unpacks to more than 32 GiB
-MAX_RATIO = 200  # compression ratio above which a large member is a zip bomb
+MAX_RATIO = 200  # compression ratio above which a member over 64 MiB is a zip bomb
+# (size, ratio): a member larger than `size` compressing better than `ratio` is one too (torch's and the
+# nvidia-* libraries of a GB compress 2-4x; an inflated GB costs seconds)
+RATIO_TIERS = ((1 << 30, 8), (256 << 20, 32), (64 << 20, MAX_RATIO))
+MAX_METADATA = 16 << 20  # a metadata text member (METADATA, WHEEL, RECORD, version.py) larger than this is not real
 HEAD_WINDOW = 64 << 20  # bytes kept from the start of a member (MemberReader)
 CHUNK = 1 << 20  # inflate at most this many bytes per read; pieces are kept as they come
 MIN_READ = 64 << 10  # and at least this many (no tiny reads for headers)
@@ -66,11 +72,7 @@ def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
             raise AuditInputError(
                 f"{label}: zip entry {name!r} claims {info.file_size} bytes; expected at most {MAX_MEMBER}"
             )
-        if info.file_size > (64 << 20) and info.file_size > MAX_RATIO * max(info.compress_size, 1):
-            raise AuditInputError(
-                f"{label}: zip entry {name!r} expands {info.file_size // max(info.compress_size, 1)}x; "
-                f"expected a ratio below {MAX_RATIO} (zip bomb?)"
-            )
+        _check_ratio(info, label)
         total += info.file_size
         if total > MAX_TOTAL:
             raise AuditInputError(f"{label}: entries add up to more than {MAX_TOTAL} bytes; expected a real wheel")
@@ -78,6 +80,54 @@ def check_members(zf: zipfile.ZipFile, label: str) -> list[zipfile.ZipInfo]:
             members.append(info)
     _check_overlaps(zf, label)
     return members
+
+
+def _check_ratio(info: zipfile.ZipInfo, label: str) -> None:
+    """Refuse a large member that compresses better than its size's tier allows (RATIO_TIERS)."""
+    for size, ratio in RATIO_TIERS:
+        if info.file_size > size and info.file_size > ratio * max(info.compress_size, 1):
+            raise AuditInputError(
+                f"{label}: zip entry {info.filename!r} expands {info.file_size // max(info.compress_size, 1)}x to "
+                f"{info.file_size} bytes; expected a ratio below {ratio} for a member over {size >> 20} MiB (zip bomb?)"
+            )
+
+
+def read_text(zf: zipfile.ZipFile, info: zipfile.ZipInfo, label: str, fd: int | None = None) -> str:
+    """A metadata member's text (UTF-8, errors replaced), read through MemberReader; AuditInputError naming
+    the member when it is larger than MAX_METADATA."""
+    if info.file_size > MAX_METADATA:
+        raise AuditInputError(
+            f"{label}: zip entry {info.filename!r} holds {info.file_size} bytes; expected at most {MAX_METADATA} "
+            "for a metadata file"
+        )
+    return MemberReader(zf, info, fd).read(0, info.file_size).decode("utf-8", "replace")
+
+
+def read_file_text(path: Path, label: str) -> str | None:
+    """An installed metadata file's text (UTF-8, errors replaced), None when it is missing; AuditInputError
+    naming it when it is not a regular file of at most MAX_METADATA bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise AuditInputError(f"{label}: {path}: cannot be read ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        what = f"{st.st_size} bytes" if stat.S_ISREG(st.st_mode) else "not a regular file"
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_METADATA:
+            raise AuditInputError(
+                f"{label}: {path} is {what}; expected a metadata file of at most {MAX_METADATA} bytes"
+            )
+        pieces, size = [], 0
+        while size <= MAX_METADATA and (piece := os.read(fd, MAX_METADATA + 1 - size)):
+            pieces.append(piece)
+            size += len(piece)
+    finally:
+        os.close(fd)
+    if size > MAX_METADATA:
+        raise AuditInputError(f"{label}: {path} grew past {MAX_METADATA} bytes while being read")
+    return b"".join(pieces).decode("utf-8", "replace")
 
 
 def _check_overlaps(zf: zipfile.ZipFile, label: str) -> None:

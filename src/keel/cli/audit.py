@@ -1,7 +1,8 @@
-"""`keel audit`: the wheel audit of the separate `keel-audit` distribution (audit/ in keel's repository).
+"""`keel audit`: the audit of the separate `keel-audit` distribution (audit/ in keel's repository).
 
-keel's wheel does not contain the audit: a release manager installs it alone (no torch needed).
-This verb delegates to it when it is installed and says how to install it when it is not.
+keel's wheel does not contain the audit: a release manager installs it alone (no torch needed). Every
+argument goes to `keel-audit` unchanged (`keel audit preflight ...`, `keel audit inventory ...` too); without
+it installed, the verb says how to install it.
 """
 
 from __future__ import annotations
@@ -16,24 +17,23 @@ INSTALL_HINT = (
 )
 
 
-def _missing(_args: argparse.Namespace) -> int:
-    print(INSTALL_HINT, file=sys.stderr)
-    return 2
+def delegate(argv: list[str]) -> int:
+    """`keel-audit ARGV` (exit 2 with the install hint when keel-audit is missing)."""
+    if importlib.util.find_spec("keel_audit") is None:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    from keel_audit.cli import main
+
+    return main(argv)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `audit` verb (keel_audit's own arguments when it is installed)."""
+    """List the verb in `keel --help`; `keel.cli.main` hands its arguments to `delegate` before parsing."""
     parser = subparsers.add_parser(
         "audit",
-        help="audit a wheel's ELF objects for torch/CPython ABI stability (needs keel-audit)",
-        description="Audit every ELF object of a wheel, directory, .so files or "
-        "installed distribution. Exit 0 pass, 1 gate failed, 2 could not audit.",
+        help="audit a wheel's ELF objects for torch/CPython ABI stability; preflight; source inventory "
+        "(needs keel-audit)",
+        add_help=False,
     )
-    if importlib.util.find_spec("keel_audit") is None:
-        parser.add_argument("inputs", nargs=argparse.REMAINDER, help="(keel-audit is not installed)")
-        parser.set_defaults(func=_missing)
-        return
-    from keel_audit.cli import add_arguments, run
-
-    add_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=lambda args: delegate(args.args))

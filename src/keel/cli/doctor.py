@@ -204,10 +204,34 @@ def gather(load: bool = True) -> Report:
     except metadata.PackageNotFoundError:
         report.keel_version = None
     report.torch_floor = _floor()
-    libs = sorted(keel_dir.rglob("_C*.abi3.so"))
-    for p in libs:
+    for p in sorted(keel_dir.rglob("_C*.abi3.so")):
         rel = str(p.relative_to(keel_dir.parent))
         report.libraries.append(Library(rel, "CUDA twin" if p.name.startswith("_C_cuda") else "CPU"))
+    _check_torch(report)
+    predicted = _preflight(keel_dir, report) if report.torch_version else {}
+    report.driver_cuda, report.driver_note = _driver()
+    twins = [keel_dir.parent / lib.path for lib in report.libraries if lib.kind == "CUDA twin"]
+    report.twin_cuda = _twin_cuda(twins)
+    _check_loads(report, keel_dir, predicted, load)
+    if report.torch_cuda:
+        _check_cuda(report)
+    report.cpu_flags = _cpu_flags()
+    try:
+        level = _settings.cpu_isa_level()
+    except _settings.CpuIsaError as exc:
+        report.problems.append(
+            (str(exc), f"unset KEEL_CPU_ISA or set it to one of {', '.join(_settings.CPU_ISA_LEVELS)}")
+        )
+        level = None
+    isa = _cpu_isa(report) if load else "not asked (--no-load: keel's libraries were not loaded)"
+    report.cpu_isa = isa + (f" (KEEL_CPU_ISA={level})" if level and level != "auto" else "")
+    report.huge_pages = _huge_pages(report)
+    report.caches = _caches()
+    return report
+
+
+def _check_torch(report: Report) -> None:
+    """torch's version and CUDA build, or why it cannot be imported; a torch below keel's floor is a problem."""
     try:
         import torch
 
@@ -216,20 +240,21 @@ def gather(load: bool = True) -> Report:
     except Exception as exc:  # noqa: BLE001 - any failure to import torch is the finding
         report.torch_error = f"{type(exc).__name__}: {exc}"
         report.problems.append((f"torch cannot be imported ({report.torch_error})", "pip install 'torch>=2.10'"))
-    if report.torch_version:
-        mm = tuple(int(x) for x in re.findall(r"\d+", report.torch_version.split("+")[0])[:2])
-        fl = report.torch_floor
-        if mm < fl:
-            report.problems.append(
-                (
-                    f"torch {report.torch_version} is older than keel's floor {fl[0]}.{fl[1]}",
-                    f"pip install 'torch>={fl[0]}.{fl[1]}'",
-                )
+        return
+    mm = tuple(int(x) for x in re.findall(r"\d+", report.torch_version.split("+")[0])[:2])
+    fl = report.torch_floor
+    if mm < fl:
+        report.problems.append(
+            (
+                f"torch {report.torch_version} is older than keel's floor {fl[0]}.{fl[1]}",
+                f"pip install 'torch>={fl[0]}.{fl[1]}'",
             )
-    predicted = _preflight(keel_dir, report) if report.torch_version else {}
-    report.driver_cuda, report.driver_note = _driver()
-    twins = [keel_dir.parent / lib.path for lib in report.libraries if lib.kind == "CUDA twin"]
-    report.twin_cuda = _twin_cuda(twins)
+        )
+
+
+def _check_loads(report: Report, keel_dir: Path, predicted: dict[str, str], load: bool) -> None:
+    """Each library's preflight verdict and, with `load`, whether it loads here; a CPU library that does not
+    load is a problem (a CUDA twin on a CPU-only torch is not tried)."""
     tried = []
     for lib in report.libraries:
         lib.predicted = predicted.get(lib.path)
@@ -249,39 +274,29 @@ def gather(load: bool = True) -> Report:
                     f"the preflight accepts (keel-audit preflight keel-*.whl --torch VERSION)",
                 )
             )
+
+
+def _check_cuda(report: Report) -> None:
+    """On a CUDA torch: the driver against the CUDA runtime the twins link, and whether the twins load."""
     cuda_twins_ok = [lib.loads for lib in report.libraries if lib.kind == "CUDA twin" and lib.loads is not None]
-    if report.torch_cuda:
-        if report.driver_cuda is None:
-            report.warnings.append(f"CUDA kernels cannot run: {report.driver_note}; keel runs on the CPU")
-        elif report.twin_cuda and report.driver_cuda < (report.twin_cuda[0], 0):
-            d, t = report.driver_cuda, report.twin_cuda
-            report.problems.append(
-                (
-                    f"the NVIDIA driver supports CUDA {d[0]}.{d[1]}, older than the CUDA {t[0]}.{t[1]} runtime keel's "
-                    "CUDA twins link statically",
-                    f"upgrade the NVIDIA driver to one for CUDA {t[0]}.x, or use keel on the CPU",
-                )
-            )
-        if cuda_twins_ok and not all(cuda_twins_ok) and report.driver_cuda is not None:
-            report.problems.append(
-                (
-                    "a CUDA twin does not load on this CUDA torch (see the load check)",
-                    "reinstall keel built with CUDA for this torch's CUDA major",
-                )
-            )
-    report.cpu_flags = _cpu_flags()
-    try:
-        level = _settings.cpu_isa_level()
-    except _settings.CpuIsaError as exc:
+    if report.driver_cuda is None:
+        report.warnings.append(f"CUDA kernels cannot run: {report.driver_note}; keel runs on the CPU")
+    elif report.twin_cuda and report.driver_cuda < (report.twin_cuda[0], 0):
+        d, t = report.driver_cuda, report.twin_cuda
         report.problems.append(
-            (str(exc), f"unset KEEL_CPU_ISA or set it to one of {', '.join(_settings.CPU_ISA_LEVELS)}")
+            (
+                f"the NVIDIA driver supports CUDA {d[0]}.{d[1]}, older than the CUDA {t[0]}.{t[1]} runtime keel's "
+                "CUDA twins link statically",
+                f"upgrade the NVIDIA driver to one for CUDA {t[0]}.x, or use keel on the CPU",
+            )
         )
-        level = None
-    isa = _cpu_isa(report) if load else "not asked (--no-load: keel's libraries were not loaded)"
-    report.cpu_isa = isa + (f" (KEEL_CPU_ISA={level})" if level and level != "auto" else "")
-    report.huge_pages = _huge_pages(report)
-    report.caches = _caches()
-    return report
+    if cuda_twins_ok and not all(cuda_twins_ok) and report.driver_cuda is not None:
+        report.problems.append(
+            (
+                "a CUDA twin does not load on this CUDA torch (see the load check)",
+                "reinstall keel built with CUDA for this torch's CUDA major",
+            )
+        )
 
 
 def _huge_pages(report: Report) -> str:

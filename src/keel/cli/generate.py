@@ -6,32 +6,20 @@ import argparse
 import sys
 from typing import Any
 
-from keel.hf.resolve import DEFAULT_MODEL
+from keel.cli.flags import add_flags, from_flags
+from keel.engine.config import EngineConfig
 
 _EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, RuntimeError)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """Options shared by `generate` and `chat`: which model, where, and how to sample."""
-    p.add_argument(
-        "--model",
-        default=None,
-        help=f"Hugging Face repo id, keel/<name> (keel's own conversions) or local folder (default: {DEFAULT_MODEL})",
-    )
-    p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", "bf16", "bfloat16", "fp32", "float32", "fp16", "float16"),
-        help="auto: bf16 where supported, else fp32",
-    )
-    p.add_argument("--quantization", default="none", choices=("none", "fp8"), help="fp8: block-scaled FP8 weights")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    """Options shared by `generate` and `chat`: the engine's (from `EngineConfig`) and how to sample."""
+    add_flags(p, EngineConfig, "engine")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None, help="default: SamplingParams' (off)")
+    p.add_argument("--top-p", type=float, default=None, help="default: SamplingParams' (off)")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="default: SamplingParams' (off)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
@@ -40,25 +28,19 @@ def sampling_from_args(args: argparse.Namespace, default_temperature: float) -> 
     from keel.engine import SamplingParams
 
     temperature = default_temperature if args.temperature is None else args.temperature
+    given = {k: getattr(args, k) for k in ("top_k", "top_p", "repetition_penalty") if getattr(args, k) is not None}
     return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop=list(args.stop),
+        max_tokens=args.max_tokens, temperature=temperature, seed=args.seed, stop=list(args.stop), **given
     )
 
 
 def load_llm(args: argparse.Namespace) -> Any:
-    """Resolve, load and report the model named by `--model` (or the default demo model)."""
+    """Resolve, load and report the model the engine flags name."""
     from keel.engine import LLM
-    from keel.hf.resolve import DEFAULT_MODEL
 
-    model = args.model or DEFAULT_MODEL
-    llm = LLM(model, dtype=args.dtype, device=args.device, revision=args.revision, quantization=args.quantization)
-    print(f"keel: {model} ({llm.config.architecture}, {llm.dtype}, {llm.device})", file=sys.stderr)
+    config = from_flags(EngineConfig, args)
+    llm = LLM.from_config(config)
+    print(f"keel: {config.model} ({llm.config.architecture}, {llm.dtype}, {llm.device})", file=sys.stderr)
     return llm
 
 

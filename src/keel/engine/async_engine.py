@@ -29,7 +29,14 @@ from keel.engine.sampling_params import SamplingParams
 class SyncEngine(Protocol):
     """What `AsyncEngine` drives: `LLMEngine`'s request API (a test double needs only these)."""
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None: ...
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        client: str | None = None,
+    ) -> None: ...
 
     def abort_request(self, request_id: str) -> None: ...
 
@@ -63,6 +70,7 @@ class _Add:
     loop: asyncio.AbstractEventLoop
     stream: RequestStream
     added: asyncio.Future
+    client: str | None = None
 
 
 @dataclass(slots=True)
@@ -205,8 +213,12 @@ class AsyncEngine(Generic[EngineT]):
         """Sub-requests the admission bound counts: accepted, and neither finished by the engine nor closed."""
         return self._admitted
 
-    async def open(self, ids: list[str], prompts: list[list[int]], params: list[SamplingParams]) -> RequestStream:
-        """Admit and add sub-requests (all or none); raises Overloaded, EngineDead or the engine's ValueError."""
+    async def open(
+        self, ids: list[str], prompts: list[list[int]], params: list[SamplingParams], client: str | None = None
+    ) -> RequestStream:
+        """Admit and add sub-requests (all or none) for `client` (the API key, else the connection's peer: the
+        engine shares sequence slots and prefill among clients; None: the anonymous one); raises Overloaded,
+        EngineDead or the engine's ValueError."""
         if not self.alive:
             raise EngineDead(f"the engine thread has stopped: {self.error!r}")
         if self._admitted + len(ids) > self.max_admitted:
@@ -222,7 +234,7 @@ class AsyncEngine(Generic[EngineT]):
         self._open.add(stream)
         added = loop.create_future()
         try:
-            self._commands.put(_Add(ids, prompts, params, loop, stream, added))
+            self._commands.put(_Add(ids, prompts, params, loop, stream, added, client))
             await added
         except BaseException:
             if added.done() and not added.cancelled() and added.exception() is not None:
@@ -281,8 +293,9 @@ class AsyncEngine(Generic[EngineT]):
             return
         done: list[str] = []
         try:
+            who = {} if cmd.client is None else {"client": cmd.client}  # (SyncEngine doubles may not take it)
             for rid, prompt, params in zip(cmd.ids, cmd.prompts, cmd.params, strict=True):
-                self.engine.add_request(rid, prompt, params)
+                self.engine.add_request(rid, prompt, params, **who)
                 done.append(rid)
         except (ValueError, TypeError) as exc:  # bad request: undo the ones already added
             for rid in done:

@@ -140,7 +140,7 @@ class BlockManager:
             hashes.append(h)
         return PrefixHit(ids, hashes, len(ids) * bs)
 
-    def _blocks_to_admit(self, seq: Sequence, hit: PrefixHit) -> int:
+    def blocks_to_admit(self, seq: Sequence, hit: PrefixHit) -> int:
         """Free blocks that admitting `seq` with `hit` takes: fresh ones plus cached hits nobody holds."""
         fresh = self.blocks_for(len(seq.token_ids)) - len(hit.block_ids)
         return fresh + sum(1 for b in hit.block_ids if self.blocks[b].ref_count == 0)
@@ -150,7 +150,7 @@ class BlockManager:
         `cached_prefix(seq.token_ids)`, with no allocation since); False if too few blocks are free.
         Sets `seq.num_computed_tokens` to the tokens served from the cache."""
         assert not seq.block_table, "allocate_sequence: the sequence already holds blocks"
-        if self._blocks_to_admit(seq, hit) > len(self._free):
+        if self.blocks_to_admit(seq, hit) > len(self._free):
             return False
         for block_id in hit.block_ids:
             block = self.blocks[block_id]

@@ -7,11 +7,11 @@ import itertools
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 
-from keel.engine.config import DEFAULTS, EngineConfig
+from keel.engine.config import EngineConfig
 from keel.engine.llm_engine import LLMEngine
 from keel.engine.output import CompletionOutput, GenerateStats, RequestOutput
 from keel.engine.sampling_params import SamplingParams
@@ -28,36 +28,10 @@ class LLM:
 
     _calls = itertools.count()
 
-    def __init__(
-        self,
-        model: str = DEFAULTS.model,
-        *,
-        dtype: str | torch.dtype | None = DEFAULTS.dtype,
-        device: str | None = DEFAULTS.device,
-        revision: str | None = DEFAULTS.revision,
-        block_size: int = DEFAULTS.block_size,
-        max_num_seqs: int = DEFAULTS.max_num_seqs,
-        max_kv_cache_bytes: int = DEFAULTS.max_kv_cache_bytes,
-        max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens,
-        enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching,
-        progress: bool = DEFAULTS.progress,
-        cpu_prepack: bool = DEFAULTS.cpu_prepack,
-        quantization: str | None = DEFAULTS.quantization,
-    ) -> None:
-        self.llm_engine = LLMEngine(
-            model,
-            dtype=dtype,
-            device=device,
-            revision=revision,
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
-            max_kv_cache_bytes=max_kv_cache_bytes,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            progress=progress,
-            cpu_prepack=cpu_prepack,
-            quantization=quantization,
-        )
+    def __init__(self, model: str | None = None, **settings: Any) -> None:
+        """`settings` are `EngineConfig`'s fields (`dtype="bf16"`, `max_num_seqs=8`, ...); `model=None` loads
+        the default model."""
+        self.llm_engine = LLMEngine.from_config(EngineConfig.of("LLM", model, **settings))
         self._lock = threading.Lock()  # generate / chat callers on several threads take turns
 
     @classmethod

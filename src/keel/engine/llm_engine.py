@@ -19,24 +19,25 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from keel.engine import host_memory
-from keel.engine.config import DEFAULTS, EngineConfig
+from keel.engine.config import EngineConfig
 from keel.engine.dtypes import resolve_dtype
 from keel.engine.errors import RequestValidationError
 from keel.engine.model_loader import load_model
 from keel.engine.model_runner import ModelRunner, StepResult
 from keel.engine.output import EngineMetrics, GenerateStats, Logprob, RequestOutput, request_output
-from keel.engine.sampling_params import SamplingParams
+from keel.engine.sampling_params import SamplingParams, bad_words_token_ids
 from keel.engine.scheduler import Scheduler, SchedulerOutput
 from keel.engine.sequence import FinishReason, Sequence
 from keel.hf.config import ModelConfig, read_config_json
 from keel.hf.resolve import resolve_model
 from keel.hf.tokenizer import IncrementalDetokenizer, Tokenizer
 from keel.layers.fp8_linear import check_quantization
-from keel.layers.sampler import RowLogprobs
+from keel.layers.sampler import NOTHING_ALLOWED, RowLogprobs
 from keel.models import get_model_class
 from keel.structured import GrammarCompiler
 
@@ -47,37 +48,9 @@ class LLMEngine:
     """A loaded model, its tokenizer, the model runner (and the K/V tensors) and the scheduler (and the
     KV-cache bookkeeping)."""
 
-    def __init__(
-        self,
-        model: str = DEFAULTS.model,
-        *,
-        dtype: str | torch.dtype | None = DEFAULTS.dtype,
-        device: str | None = DEFAULTS.device,
-        revision: str | None = DEFAULTS.revision,
-        block_size: int = DEFAULTS.block_size,
-        max_num_seqs: int = DEFAULTS.max_num_seqs,
-        max_kv_cache_bytes: int = DEFAULTS.max_kv_cache_bytes,
-        max_num_batched_tokens: int = DEFAULTS.max_num_batched_tokens,
-        enable_prefix_caching: bool = DEFAULTS.enable_prefix_caching,
-        progress: bool = DEFAULTS.progress,
-        cpu_prepack: bool = DEFAULTS.cpu_prepack,
-        quantization: str | None = DEFAULTS.quantization,
-    ) -> None:
-        """The arguments are `EngineConfig`'s fields (validated there first; see `from_config`)."""
-        cfg = self.engine_config = EngineConfig(
-            model=model,
-            dtype=dtype,
-            device=device,
-            revision=revision,
-            block_size=block_size,
-            max_num_seqs=max_num_seqs,
-            max_kv_cache_bytes=max_kv_cache_bytes,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            progress=progress,
-            cpu_prepack=cpu_prepack,
-            quantization=quantization,
-        )
+    def __init__(self, model: str | None = None, **settings: Any) -> None:
+        """`settings` are `EngineConfig`'s fields, validated there before anything is resolved or loaded."""
+        cfg = self.engine_config = EngineConfig.of("LLMEngine", model, **settings)
         host_memory.wanted()  # an unknown KEEL_HUGE_PAGES is refused before anything is read or loaded
         self.model_id = cfg.model
         self.folder = resolve_model(cfg.model, cfg.revision)
@@ -201,11 +174,17 @@ class LLMEngine:
             detok=IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens),
             generator=gen,
         )
-        if params.bad_words:
-            seq.bad_words_ids = self._bad_words_ids(params.bad_words)
+        if params.bad_words_token_ids is not None:
+            seq.bad_words_ids = params.bad_words_token_ids  # tokenized once per request by its caller
+        elif params.bad_words:
+            seq.bad_words_ids = bad_words_token_ids(
+                params.bad_words, lambda texts: self.tokenizer.encode_batch(texts, add_special_tokens=False)
+            )
         if params.structured_outputs is not None:
             spec = params.structured_outputs
             seq.matcher = self.grammars().matcher(spec.kind, getattr(spec, spec.kind))
+            if params.allowed_token_ids is not None:
+                self._check_grammar_allows(label, seq)
         return seq
 
     def grammars(self) -> GrammarCompiler:
@@ -231,18 +210,37 @@ class LLMEngine:
                     f"SamplingParams: {name} of {label} has token ids {bad[:5]} outside [0, {vocab}) (the vocabulary)",
                 )
 
-    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
-        """Token sequences of each bad word, alone and after a space (vLLM's rule: the spaced form only when
-        it is a different first token of the same length)."""
-        out: list[list[int]] = []
-        for word in words:
-            plain = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
-            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-            if plain:
-                out.append(plain)
-            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
-                out.append(spaced)
-        return out
+    def _check_grammar_allows(self, label: str, seq: Sequence) -> None:
+        """A request whose grammar allows none of its allowed_token_ids (less its one-token bad words) at the
+        first token can never be sampled: refuse it now, naming both fields."""
+        mask = self.grammars().bitmask([seq.matcher])[0].tolist()
+        never = {w[0] for w in seq.bad_words_ids if len(w) == 1}
+        ids = seq.params.allowed_token_ids or []
+        if not any(t not in never and (mask[t >> 5] >> (t & 31)) & 1 for t in ids if t < self.config.vocab_size):
+            raise RequestValidationError(
+                "allowed_token_ids",
+                f"{label}: allowed_token_ids and structured_outputs leave no token to sample: the grammar allows "
+                f"none of the allowed tokens as the first token",
+            )
+
+    def _conflict(self, seq: Sequence) -> tuple[str, str]:
+        """The request's fields whose masks left nothing to sample at this step: (message, first field)."""
+        p, out = seq.params, len(seq.output_ids)
+        fields = [
+            name
+            for name, used in (
+                ("allowed_token_ids", p.allowed_token_ids is not None),
+                ("bad_words", bool(seq.bad_words_ids)),
+                ("min_tokens", out < p.min_tokens and seq.matcher is None),
+                ("structured_outputs", seq.matcher is not None),
+            )
+            if used
+        ]
+        why = ""
+        if seq.matcher is not None and seq.matcher.is_error():
+            why = f" (the grammar's matcher stopped: {seq.matcher.get_error()})"
+        fields = fields or ["prompt"]
+        return f"nothing can be sampled at output token {out + 1}: {', '.join(fields)} leave no token{why}", fields[0]
 
     def decoded_token(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
@@ -258,20 +256,30 @@ class LLMEngine:
                 out[tid] = Logprob(lp, rank, self.decoded_token(tid))
         return out
 
-    def add_sequence(self, request_id: str, seq: Sequence) -> None:
-        """Queue a sequence made by `make_sequence` under `request_id`."""
+    def add_sequence(self, request_id: str, seq: Sequence, *, client: str | None = None) -> None:
+        """Queue a sequence made by `make_sequence` under `request_id`, for `client` (the scheduler shares slots
+        and prefill among clients; None: the anonymous one)."""
         with self._exclusive("add_request"):
             if request_id in self._requests:
                 raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
-            seq.request_id, seq.start_s = request_id, time.perf_counter()
+            seq.request_id, seq.start_s, seq.client = request_id, time.perf_counter(), client
             self._requests[request_id] = seq
             self.scheduler.add(seq)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
-        """Queue a prompt (text or token ids); it joins the batch at the next step."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        client: str | None = None,
+    ) -> None:
+        """Queue a prompt (text or token ids) from `client` (see `add_sequence`); it joins the batch at the next
+        step."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
-        self.add_sequence(request_id, self.make_sequence(f"request {request_id!r}", prompt, params or SamplingParams()))
+        seq = self.make_sequence(f"request {request_id!r}", prompt, params or SamplingParams())
+        self.add_sequence(request_id, seq, client=client)
 
     def abort_request(self, request_id: str, *, report: bool = True) -> None:
         """Stop a request and free its blocks now; the next step reports it with finish_reason "abort"
@@ -390,6 +398,8 @@ class LLMEngine:
                 except Exception as exc:  # noqa: BLE001 - this request fails alone
                     log.warning("request %r failed after its forward pass", seq.request_id, exc_info=True)
                     error, new, delta = f"the engine failed on this request: {exc}", [], ""
+            if error == NOTHING_ALLOWED:  # the request's own fields: its client's mistake
+                error, seq.error_param = self._conflict(seq)
             if error is not None:
                 seq.finish, seq.error, seq.end_s = FinishReason.ERROR, error, now
             if seq.finish is not None:
@@ -410,6 +420,13 @@ class LLMEngine:
         grammar_done = False
         if seq.matcher is not None:
             ok = seq.matcher.consume_token(token)
+            if seq.matcher.is_error():  # stopped by its parser limits (its mask allowed only eos): the grammar's cost
+                seq.finish, seq.end_s, seq.error_param = FinishReason.ERROR, now, "structured_outputs"
+                seq.error = (
+                    f"structured_outputs: the grammar's matcher stopped at output token {len(seq.output_ids)}: "
+                    f"{seq.matcher.get_error()}"
+                )
+                return ""
             grammar_done = not ok or seq.matcher.is_stopped()
         assert seq.detok is not None
         if may_stop and ((token in self.eos_token_ids and not p.ignore_eos) or token in (p.stop_token_ids or ())):

@@ -56,6 +56,7 @@ class RequestOutput:
     cumulative_logprob: float | None = None  # sum of the sampled tokens' logprobs (when logprobs are computed)
     outputs: list[CompletionOutput] | None = None  # LLM.generate: the n completions (this one is outputs[0])
     error: str | None = None  # finish_reason "error": what failed for this request alone (the others go on)
+    error_param: str | None = None  # set when the failure is the request's own (a 4xx): the field at fault
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,4 +109,5 @@ def request_output(seq: Sequence, new_token_ids: list[int], delta: str) -> Reque
         prompt_logprobs=seq.prompt_logprobs,
         cumulative_logprob=seq.cumulative_logprob if seq.tracks_logprob else None,
         error=seq.error,
+        error_param=seq.error_param,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -12,6 +13,9 @@ from keel.engine.errors import RequestValidationError
 from keel.layers.sampler import SAMPLING_EPS
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+MAX_BAD_WORDS = 128  # bad_words per request
+MAX_BAD_WORD_CHARS = 128  # characters of one bad word
+MAX_STOP_CHARS = 256  # characters of one stop string (the stream holds back as many while one may form)
 # Multiplying or dividing a seen token's logit by at most 100 keeps every float32 logit below 1e4 finite
 # (and far from the 3.4e38 ceiling after a temperature >= SAMPLING_EPS); the range covers every use
 # (vLLM and transformers suggest 1.0-2.0). Below it the division overflows: 1e-300 is 0 in float32.
@@ -81,6 +85,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (clipped to [-100, 100])
     allowed_token_ids: list[int] | None = None  # only these may be sampled
     bad_words: list[str] | None = None  # words never generated (their token sequences are blocked)
+    # bad_words' token sequences, tokenized once per request (`bad_words_token_ids`); None: the engine does it
+    bad_words_token_ids: list[list[int]] | None = None
     seed: int | None = None  # per-request generator; None: torch's global RNG
     stop: list[str] = field(default_factory=list)  # stop strings, excluded from the returned text
     stop_token_ids: list[int] | None = None  # tokens that end the request like eos
@@ -128,6 +134,13 @@ class SamplingParams:
                 _fail(name, f"SamplingParams: {name} must be in [-2, 2], got {value}")
         if any(not s for s in self.stop):
             _fail("stop", "SamplingParams: stop strings must be non-empty")
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            _fail("stop", f"SamplingParams: a stop string may have at most {MAX_STOP_CHARS} characters")
+        self._check_token_fields()
+        self._check_bad_words()
+        self._check_counts()
+
+    def _check_token_fields(self) -> None:
         if self.logit_bias is not None:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
@@ -151,8 +164,8 @@ class SamplingParams:
                 setattr(self, name, list(ids))
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             _fail("allowed_token_ids", "SamplingParams: allowed_token_ids must not be empty (None: every token)")
-        if self.bad_words is not None and not all(isinstance(w, str) and w.strip() for w in self.bad_words):
-            _fail("bad_words", f"SamplingParams: bad_words must be non-empty strings, got {self.bad_words!r}")
+
+    def _check_counts(self) -> None:
         if self.seed is not None and (
             not isinstance(self.seed, int) or isinstance(self.seed, bool) or not -(1 << 63) <= self.seed < 1 << 64
         ):
@@ -185,6 +198,26 @@ class SamplingParams:
         if self.max_tokens == 0 and self.num_candidates > 1:
             _fail("n", "SamplingParams: n and best_of must be 1 for a scoring request (max_tokens=0)")
 
+    def _check_bad_words(self) -> None:
+        seqs = self.bad_words_token_ids
+        if seqs is not None and not all(
+            s and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in s) for s in seqs
+        ):
+            _fail("bad_words", "SamplingParams: bad_words_token_ids must be non-empty lists of token ids >= 0")
+        words = self.bad_words
+        if words is None:
+            return
+        if not all(isinstance(w, str) and w.strip() for w in words):
+            _fail("bad_words", f"SamplingParams: bad_words must be non-empty strings, got {words!r}"[:300])
+        if len(words) > MAX_BAD_WORDS:
+            _fail("bad_words", f"SamplingParams: at most {MAX_BAD_WORDS} bad_words, got {len(words)}")
+        longest = max(map(len, words), default=0)
+        if longest > MAX_BAD_WORD_CHARS:
+            _fail(
+                "bad_words",
+                f"SamplingParams: a bad word may have at most {MAX_BAD_WORD_CHARS} characters, got one of {longest}",
+            )
+
     @property
     def greedy(self) -> bool:
         """Argmax sampling: temperature 0, or below SAMPLING_EPS (vLLM's rule: dividing the logits by a
@@ -204,3 +237,18 @@ def _fail(name: str, message: str) -> NoReturn:
 def _check_int(name: str, value: Any, low: int, extra: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         _fail(name, f"SamplingParams: {name} must be an integer >= {low}{' ' + extra if extra else ''}, got {value!r}")
+
+
+def bad_words_token_ids(words: list[str], encode_batch: Callable[[list[str]], list[list[int]]]) -> list[list[int]]:
+    """Token sequences that `words` forbid: each word alone and after a space (vLLM's rule: the spaced form
+    only when it is a different first token of the same length). `encode_batch` tokenizes a list of texts
+    without special tokens, in one call."""
+    stripped = [w.lstrip() for w in words]
+    encoded = encode_batch(stripped + [" " + w for w in stripped])
+    out: list[list[int]] = []
+    for plain, spaced in zip(encoded[: len(words)], encoded[len(words) :], strict=True):
+        if plain:
+            out.append(list(plain))
+        if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+            out.append(list(spaced))
+    return out

@@ -1,10 +1,40 @@
 """`Scheduler`: which sequences the next forward pass computes (continuous batching with preemption), and
 the owner of the KV-cache bookkeeping: allocation, pool growth, prefix-cache lookup once per admission,
-commit of computed blocks, release and preemption all go through it."""
+commit of computed blocks, release and preemption all go through it.
+
+Fair admission. Every sequence has a client (an API key, else the connection's peer; None, one anonymous
+client, for offline use). Admitting in arrival order lets one client's `n: 16` streams hold every slot
+for thousands of steps and its long prompts take every prefill token, so the scheduler shares both:
+
+- Slots: the waiting sequence of the client with the fewest running ones is admitted first. When every
+  slot is taken, it preempts (recompute, as nano-vllm does: blocks freed, back to waiting; its full
+  blocks stay in the prefix cache, so the recompute is mostly hits) the most recently admitted sequence
+  of the client with the most running ones, provided that client holds more than the newcomer's would
+  after admission; the same rule by blocks held when the pool is full. Each such move narrows the gap
+  between two clients, so nothing bounces back and forth, and the engine stays work-conserving: one
+  client alone still gets every slot (a fixed per-client cap would idle slots, and a client that
+  already holds them all would still hold them until its streams end).
+- Prefill tokens: after one token per running decode, the step's budget is split max-min fair across
+  the clients with prompt work (one that needs less than an equal part takes what it needs, the rest go
+  to the others); a client's part goes to its prompts shortest first (the least mean time to first token;
+  only its own shorter prompts can delay a client's long one). A short prompt is computed whole in the
+  step it is admitted, however many long ones are being chunked: none waits for another's last chunk.
+- Twins: a waiting sequence whose client already has a running sequence with the same prompt in prefill
+  (the `n` choices of one request) waits for that prefill, then is admitted with the prompt's full blocks
+  as prefix-cache hits, and with its prompt logprobs when both ask for the same number.
+
+The bound, with S = max_num_seqs, B = max_num_batched_tokens and C clients with prompt work: a request
+from a client that holds no sequence is admitted at the first step after it arrives whenever another
+client holds two sequences or more (in particular when one holds every slot; when the pool is full too,
+as long as that client holds more blocks than the request needs), and from then on gets at least
+floor((B - S) / C) prompt tokens a step, shared by that client's prompts in prefill. So a new client's
+L-token prompt has its first token after at most ceil(L / floor((B - S) / C)) steps: with the defaults
+(S 64, B 256) and two clients, one step for L <= 96 (tests/engine/test_fairness.py)."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,16 +93,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Waiting requests queue in arrival order; running ones decode one token per step. Each step first
-    gives every running sequence room for its next token, preempting the most recently admitted one when
-    the pool is out of blocks (its blocks freed, back to the front of `waiting`, recomputed later). Then
-    the step's token budget (`max_num_batched_tokens`) goes to the decodes first (one token each), then to
-    waiting sequences admitted while sequence slots and free blocks allow, then to the next chunks of
-    prompts admitted earlier, oldest first. A prompt longer than what is left is computed in chunks over
-    the next steps (chunked prefill): a long prompt holds the running decodes back by at most one budget's
-    worth of compute a step, and a short request that arrives meanwhile starts at the next step (vLLM v1
-    serves running prefills before waiting requests; here a new arrival does not wait for a long prompt's
-    last chunk). An admitted sequence holds blocks for all its tokens from its admission on.
+    """Waiting requests queue by client (see the module doc); running ones decode one token per step. Each
+    step first gives every running sequence room for its next token, preempting when the pool is out of
+    blocks, then spends the step's token budget (`max_num_batched_tokens`) on the decodes (one token each),
+    then on prompts: new admissions and the next chunks of prompts admitted earlier, split fairly. A prompt
+    longer than its part is computed in chunks over the next steps (chunked prefill). An admitted sequence
+    holds blocks for all its tokens from its admission on.
 
     The pool starts empty and grows on demand (at least doubling) up to `max_num_blocks`."""
 
@@ -94,7 +120,8 @@ class Scheduler:
         self.max_num_blocks = max_num_blocks
         self.block_manager = BlockManager(0, block_size, enable_prefix_caching=enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # admission order: the last one is preempted first
+        self._waiting_by: Counter[str | None] = Counter()  # waiting sequences per client (none: no key)
+        self.running: list[Sequence] = []  # admission order: the last one of a client is preempted first
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # prompts admitted (each counted once, at its first admission)
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix cache
@@ -102,6 +129,13 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self._waiting_by[seq.client] += 1
+
+    def _unqueue(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        self._waiting_by[seq.client] -= 1
+        if not self._waiting_by[seq.client]:
+            del self._waiting_by[seq.client]
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -111,7 +145,7 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
-            self.waiting.remove(seq)
+            self._unqueue(seq)
         self.block_manager.release(seq)
 
     def commit(self, seq: Sequence, num_tokens: int | None = None) -> None:
@@ -132,6 +166,144 @@ class Scheduler:
         if want > bm.num_blocks:
             bm.grow(want)
 
+    def schedule(self) -> SchedulerOutput:
+        """The sequences of the next step and how many tokens each computes (`num_tokens`)."""
+        bm = self.block_manager
+        ready, short = self._make_room()
+        decodes = [s for s in ready if s.num_new_tokens == 1][: self.max_num_batched_tokens]
+        prompts = [s for s in ready if s.num_new_tokens > 1]
+        self._admit_waiting(decodes, prompts, short)
+        counts = [1] * len(decodes) + self._split(prompts, self.max_num_batched_tokens - len(decodes))
+        picked = [(s, n) for s, n in zip(decodes + prompts, counts, strict=True) if n]
+        if not picked and self.waiting:
+            raise RuntimeError(
+                f"the KV cache ({bm.num_blocks} blocks) cannot fit the next request "
+                f"({bm.blocks_for(len(self.waiting[0].token_ids))} blocks)"
+            )
+        batch, counts = [s for s, _ in picked], [n for _, n in picked]
+        prompt = sum(n for s, n in picked if n > 1 or not s.output_ids)
+        return SchedulerOutput(batch, prompt, bm.num_blocks, counts)
+
+    def _make_room(self) -> tuple[list[Sequence], bool]:
+        """Room for every running sequence's next tokens; when the pool is full, the most recently admitted
+        sequence of the client holding the most blocks is preempted. The ones with room, and whether any
+        sequence was preempted."""
+        bm = self.block_manager
+        ready: list[Sequence] = []
+        short = False
+        for seq in list(self.running):
+            if not seq.block_table:  # preempted above
+                continue
+            while not bm.append_slot(seq):
+                if self._grow(1):
+                    continue
+                victim = self._victim(self._blocks_by_client().__getitem__)
+                assert victim is not None  # (seq itself is running)
+                self._preempt(victim)
+                short = True
+                if victim is seq:
+                    break
+                if victim in ready:
+                    ready.remove(victim)
+            else:
+                ready.append(seq)
+        return ready, short
+
+    def _admit_waiting(self, decodes: list[Sequence], prompts: list[Sequence], short: bool) -> None:
+        """Admit waiting sequences, the client with the fewest running first, while slots, blocks and the
+        budget (a token for each prompt) allow; preempt over-served clients for under-served ones. After a
+        preemption for blocks (`short`), only an under-served client's: any other admission would take the
+        blocks the running ones need."""
+        twins = {(s.client, s.prompt_key): s for s in self.running if self._computes_shared_blocks(s)}
+        queue = _ByClient(self.waiting, self._waiting_by)
+        held = Counter(s.client for s in self.running)
+        while queue.left and len(prompts) < self.max_num_batched_tokens - len(decodes):
+            client = min(queue.left, key=held.__getitem__)  # (ties: the client that has waited longest)
+            if short and held[client] + 1 >= max(held.values(), default=0):
+                break
+            seq = queue.pop(client)
+            twin = twins.get((client, seq.prompt_key))
+            if twin is not None and not seq.output_ids and twin.prompt_token_ids == seq.prompt_token_ids:
+                seq.leader = twin  # computed once: this one waits for the twin's prefill
+                continue
+            if len(self.running) >= self.max_num_seqs:
+                victim = self._victim(held.__getitem__, held[client] + 1)
+                if victim is None:
+                    break
+                self._evict(victim, held, decodes, prompts)
+            hit = self._lookup(seq)
+            while not self._admit(seq, hit, len(seq.token_ids) - hit.num_tokens):
+                blocks = self._blocks_by_client()
+                need = self.block_manager.blocks_to_admit(seq, hit)
+                victim = self._victim(blocks.__getitem__, blocks[client] + need)
+                if victim is None:
+                    return
+                self._evict(victim, held, decodes, prompts)
+            self._unqueue(seq)
+            self.running.append(seq)
+            held[client] += 1
+            prompts.append(seq)
+            if self._computes_shared_blocks(seq):
+                twins[(client, seq.prompt_key)] = seq
+
+    def _computes_shared_blocks(self, seq: Sequence) -> bool:
+        """`seq` is still computing full blocks of its prompt, which a twin would take from the prefix cache."""
+        bm = self.block_manager
+        return (
+            bm.enable_prefix_caching and seq.num_computed_tokens < (seq.num_prompt - 1) // bm.block_size * bm.block_size
+        )
+
+    def _lookup(self, seq: Sequence) -> PrefixHit:
+        """The prefix-cache hit `seq` is admitted with (looked up once per admission). A sequence that needs
+        its prompt's logprobs takes no hit unless its twin computed the same logprobs."""
+        hit = self.block_manager.cached_prefix(seq.token_ids)
+        twin, seq.leader = seq.leader, None
+        if seq.wants_prompt_logprobs and hit.num_tokens:
+            done = twin.prompt_logprobs if twin is not None else None
+            if done is not None and twin is not None and twin.params.prompt_logprobs == seq.params.prompt_logprobs:
+                seq.prompt_logprobs = list(done)
+            else:
+                hit = PrefixHit([], [], 0)
+        return hit
+
+    def _split(self, prompts: list[Sequence], budget: int) -> list[int]:
+        """Prompt tokens of each of `prompts` this step: `budget` max-min fair across clients, then each
+        client's part to its prompts shortest first."""
+        groups: dict[str | None, list[int]] = {}
+        for k, seq in enumerate(prompts):
+            groups.setdefault(seq.client, []).append(k)
+        counts = [0] * len(prompts)
+        needs = [sum(prompts[k].num_new_tokens for k in ks) for ks in groups.values()]
+        for ks, grant in zip(groups.values(), water_fill(needs, budget), strict=True):
+            for k in sorted(ks, key=lambda k: prompts[k].num_new_tokens):
+                counts[k] = min(prompts[k].num_new_tokens, grant)
+                grant -= counts[k]
+        return counts
+
+    def _victim(self, usage: Callable[[str | None], int], above: int = -1) -> Sequence | None:
+        """The most recently admitted sequence of the client with the highest `usage` (ties: the client
+        admitted last), when that usage is above `above`."""
+        best: Sequence | None = None
+        most = above
+        for seq in reversed(self.running):
+            if usage(seq.client) > most:
+                best, most = seq, usage(seq.client)
+        return best
+
+    def _blocks_by_client(self) -> Counter[str | None]:
+        blocks: Counter[str | None] = Counter()
+        for seq in self.running:
+            blocks[seq.client] += len(seq.block_table)
+        return blocks
+
+    def _evict(self, victim: Sequence, held: Counter[str | None], *batches: list[Sequence]) -> None:
+        """Preempt `victim` for a fairer admission, and take it out of this step's work."""
+        self._preempt(victim)
+        held[victim.client] -= 1
+        for batch in batches:
+            if victim in batch:
+                batch.remove(victim)
+
     def _grow(self, want: int) -> bool:
         """Grow the pool by at least `want` blocks (at least doubling it, capped by max_num_blocks); False
         when it is already full size."""
@@ -142,8 +314,10 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
         self.block_manager.release(seq)
         self.waiting.appendleft(seq)
+        self._waiting_by[seq.client] += 1
         self.num_preemptions += 1
 
     def _admit(self, seq: Sequence, hit: PrefixHit, new_tokens: int) -> bool:
@@ -160,57 +334,35 @@ class Scheduler:
             self.prefix_cache_hits += seq.num_cached_tokens
         return True
 
-    def schedule(self) -> SchedulerOutput:
-        """The sequences of the next step and how many tokens each computes (`num_tokens`)."""
-        bm = self.block_manager
-        ready: list[Sequence] = []
-        preempted = False
-        i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            while not bm.append_slot(seq):
-                if self._grow(1):
-                    continue
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
-                    break
-            else:
-                ready.append(seq)
-                i += 1
-        budget = self.max_num_batched_tokens
-        batch: list[Sequence] = []
-        counts: list[int] = []
 
-        def take(seq: Sequence) -> None:
-            nonlocal budget
-            n = min(seq.num_new_tokens, budget)
-            batch.append(seq)
-            counts.append(n)
-            budget -= n
+class _ByClient:
+    """One step's view of the waiting queue by client, read from the left only as far as admission gets (a
+    step that admits a few sequences of one client does not walk thousands of waiting ones)."""
 
-        for seq in ready:  # decodes first: one token each
-            if budget and seq.num_new_tokens == 1:
-                take(seq)
-        while not preempted and budget and self.waiting and len(self.running) < self.max_num_seqs:
-            # (after a preemption, admitting would only take the blocks the running ones are short of)
-            seq = self.waiting[0]
-            hit = bm.cached_prefix(seq.token_ids)  # once per admission, passed on to the allocation
-            if seq.wants_prompt_logprobs and hit.num_tokens:  # every prompt position's logits are needed
-                hit = PrefixHit([], [], 0)
-            if not self._admit(seq, hit, len(seq.token_ids) - hit.num_tokens):
-                break
-            self.waiting.popleft()
-            self.running.append(seq)
-            take(seq)
-        for seq in ready:  # then the next chunks of prompts admitted earlier, oldest first
-            if budget and seq.num_new_tokens > 1:
-                take(seq)
-        if not batch and self.waiting:
-            raise RuntimeError(
-                f"the KV cache ({bm.num_blocks} blocks) cannot fit the next request "
-                f"({bm.blocks_for(len(self.waiting[0].token_ids))} blocks)"
-            )
-        prompt = sum(n for s, n in zip(batch, counts, strict=True) if n > 1 or not s.output_ids)
-        return SchedulerOutput(batch, prompt, bm.num_blocks, counts)
+    def __init__(self, waiting: deque[Sequence], counts: Counter[str | None]) -> None:
+        self.pending, self.at = list(waiting), 0
+        self.left = Counter(counts)  # sequences of each client not popped yet (clients with none: no key)
+        self.queues: dict[str | None, deque[Sequence]] = {}
+
+    def pop(self, client: str | None) -> Sequence:
+        """The next waiting sequence of `client` (which has one left)."""
+        queue = self.queues.setdefault(client, deque())
+        while not queue:
+            seq = self.pending[self.at]
+            self.at += 1
+            self.queues.setdefault(seq.client, deque()).append(seq)
+        self.left[client] -= 1
+        if not self.left[client]:
+            del self.left[client]
+        return queue.popleft()
+
+
+def water_fill(demands: list[int], total: int) -> list[int]:
+    """Max-min fair parts of `total`: in ascending order of demand, each takes what it needs up to an equal
+    part of what is left, so what one does not need goes to the others."""
+    grants = [0] * len(demands)
+    order = sorted(range(len(demands)), key=demands.__getitem__)
+    for i, k in enumerate(order):
+        grants[k] = min(demands[k], total // (len(order) - i))
+        total -= grants[k]
+    return grants

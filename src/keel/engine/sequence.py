@@ -21,9 +21,10 @@ class FinishReason(enum.Enum):
     ERROR = "error"  # this request alone failed (its sampler row or its forward pass): see Sequence.error
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Sequence:
-    """Mutable per-request state owned by the engine (the scheduler moves it between its queues)."""
+    """Mutable per-request state owned by the engine (the scheduler moves it between its queues); compared by
+    identity (two requests with the same fields are still two)."""
 
     prompt: str | None
     prompt_token_ids: list[int]
@@ -32,6 +33,7 @@ class Sequence:
     detok: IncrementalDetokenizer | None = None
     generator: torch.Generator | None = None
     request_id: str = ""
+    client: str | None = None  # who sent it (API key, else the connection's peer); None: anonymous
     token_ids: list[int] = field(default_factory=list)  # prompt + output
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of the first full blocks
@@ -52,9 +54,13 @@ class Sequence:
     bad_words_ids: list[list[int]] = field(default_factory=list)  # token sequences of SamplingParams.bad_words
     matcher: Any = None  # structured outputs: the request's grammar matcher (keel.structured)
     error: str | None = None  # why the request failed alone (finish ERROR)
+    error_param: str | None = None  # set when that failure is the request's own: the field at fault
+    prompt_key: int = 0  # hash of the prompt's tokens: finds a twin whose prefill it can wait for
+    leader: Sequence | None = None  # the running twin whose prefill this waiting sequence waits for
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_token_ids)
+        self.prompt_key = hash(tuple(self.prompt_token_ids))
         p = self.params
         self.tracks_logprob = self.tracks_logprob or p.logprobs is not None
         if p.logprobs is not None:

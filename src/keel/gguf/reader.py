@@ -1,10 +1,17 @@
-"""A small, validating GGUF reader: header, metadata, tensor infos and memory-mapped tensor data."""
+"""A small, validating GGUF reader: header, metadata, tensor infos and memory-mapped tensor data.
+
+Metadata arrays are bounded by count (each, and all of them together) and by what the file holds, and kept
+compact: numbers as numpy arrays, strings as a `StringArray` (one bytes buffer and its offsets); no Python
+list of a whole array is built while reading. A crafted 300 MB sparse file claiming 3e8 booleans is an
+error before any of it is read."""
 
 from __future__ import annotations
 
 import mmap
 import os
 import struct
+from collections.abc import Iterator
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -19,8 +26,12 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 _MAX_DIMS = 4
-_MAX_STRING = 1 << 30  # no sane key, token or template is a gigabyte long
+_MAX_STRING = 64 << 20  # no sane key, token, template or embedded tokenizer.json is 64 MiB long
 MAX_ARRAY_DEPTH = 8  # arrays of arrays: llama.cpp writes none; bounded so a crafted file cannot recurse
+MAX_ARRAY = 1 << 21  # elements of one metadata array (the largest vocabularies and merge lists: ~300,000)
+MAX_ARRAY_TOTAL = 1 << 22  # elements of all metadata arrays together
+_CONTINUATION = np.zeros(256, dtype=bool)
+_CONTINUATION[0x80:0xC0] = True  # UTF-8 bytes that cannot start a character
 
 
 class GGUFError(CheckpointError):
@@ -62,6 +73,41 @@ _SCALARS: dict[ValueType, tuple[str, str]] = {
     ValueType.INT64: ("<q", "<i8"),
     ValueType.FLOAT64: ("<d", "<f8"),
 }
+
+
+class StringArray(SequenceABC[str]):
+    """A metadata array of strings kept compact: the UTF-8 bytes of all of them in one buffer and int64 offsets
+    (n + 1); an item is decoded when it is read. Compares equal to a list of the same strings."""
+
+    __slots__ = ("_blob", "_offsets")
+
+    def __init__(self, blob: bytes | bytearray, offsets: np.ndarray) -> None:
+        self._blob, self._offsets = blob, offsets
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"StringArray index {i} out of range for {len(self)} strings")
+        i %= len(self)
+        return self._blob[int(self._offsets[i]) : int(self._offsets[i + 1])].decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        text, offsets = self._blob, self._offsets.tolist()
+        return (text[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:], strict=False))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringArray | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"StringArray({len(self)} strings)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +169,8 @@ class GGUFFile:
             return default
         value = self.metadata[key]
         if not ok(value):
-            shown = repr(value) if not isinstance(value, list) else f"an array of {len(value)}"
+            is_array = isinstance(value, list | np.ndarray | StringArray)
+            shown = f"an array of {len(value)}" if is_array else repr(value)
             raise GGUFError(f"{self.path}: metadata {key!r} must be {expected}, got {shown[:80]}")
         return value
 
@@ -146,11 +193,19 @@ class GGUFFile:
         return self._typed(key, default, lambda v: isinstance(v, bool), "a bool")
 
     def get_list(self, key: str, elem: type, default: Any = _MISSING) -> Any:
-        """An array whose every element has Python type `elem` (str, int, ...)."""
-        name = {str: "strings", int: "integers"}.get(elem, elem.__name__)
-        return self._typed(
-            key, default, lambda v: isinstance(v, list) and all(type(x) is elem for x in v), f"an array of {name}"
-        )
+        """An array whose every element has Python type `elem` (str, int, float or bool), as a list."""
+        name = {str: "strings", int: "integers", float: "numbers", bool: "bools"}.get(elem, elem.__name__)
+        kinds = {int: "iu", float: "f", bool: "b"}.get(elem, "")
+
+        def ok(v: Any) -> bool:
+            if isinstance(v, StringArray):
+                return elem is str
+            if isinstance(v, np.ndarray):
+                return v.dtype.kind in kinds
+            return isinstance(v, list) and all(type(x) is elem for x in v)
+
+        value = self._typed(key, default, ok, f"an array of {name}")
+        return value.tolist() if isinstance(value, np.ndarray) else list(value) if value is not None else None
 
     def close(self) -> None:
         if isinstance(self._buf, mmap.mmap):
@@ -171,6 +226,7 @@ class _Cursor:
 
     def __init__(self, buf: mmap.mmap | bytes, path: Path) -> None:
         self.buf, self.pos, self.size, self.path = buf, 0, len(buf), path
+        self.elements = 0  # metadata array elements read so far (MAX_ARRAY_TOTAL)
 
     def take(self, n: int, what: str) -> int:
         if n < 0 or self.pos + n > self.size:
@@ -211,7 +267,8 @@ class _Cursor:
         value = self.scalar(_SCALARS[vtype][0], what)
         return float(str(np.float32(value))) if vtype == ValueType.FLOAT32 else value
 
-    def array(self, what: str, depth: int = 1) -> list[Any]:
+    def array(self, what: str, depth: int = 1) -> list[Any] | np.ndarray | StringArray:
+        """A metadata array: numbers as a read-only numpy array, strings as a StringArray, arrays as a list."""
         if depth > MAX_ARRAY_DEPTH:
             raise GGUFError(
                 f"{self.path}: {what} nests arrays more than {MAX_ARRAY_DEPTH} deep; "
@@ -220,19 +277,56 @@ class _Cursor:
         etype = _value_type(self.u32(f"element type of {what}"), f"elements of {what}", self.path)
         count = self.u64(f"element count of {what}")
         if etype == ValueType.STRING:
-            if count > self.size - self.pos:  # every string needs at least its 8-byte length
+            if count > (self.size - self.pos) // 8:  # every string needs at least its 8-byte length
                 raise GGUFError(f"{self.path}: {what} claims {count} strings; the file is too short")
-            return [self.string(f"{what}[{i}]") for i in range(count)]
+            self._count(count, what)
+            return self.strings(count, what)
         if etype == ValueType.ARRAY:
             if count > (self.size - self.pos) // 12:  # every inner array needs its 12-byte header
                 raise GGUFError(f"{self.path}: {what} claims {count} arrays; the file is too short")
+            self._count(count, what)
             return [self.array(f"{what}[{i}]", depth + 1) for i in range(count)]
         dtype = np.dtype(_SCALARS[etype][1])
         start = self.take(count * dtype.itemsize, what)
-        values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=start)
+        self._count(count, what)
+        values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy()
         if etype == ValueType.BOOL:
-            return [bool(v) for v in values]
-        return values.tolist()
+            values = values.astype(bool)
+        values.flags.writeable = False
+        return values
+
+    def _count(self, count: int, what: str) -> None:
+        """Refuse an array longer than MAX_ARRAY, or one that takes all arrays past MAX_ARRAY_TOTAL."""
+        self.elements += count
+        if count > MAX_ARRAY or self.elements > MAX_ARRAY_TOTAL:
+            raise GGUFError(
+                f"{self.path}: {what} claims {count} elements; expected at most {MAX_ARRAY} in one array and "
+                f"{MAX_ARRAY_TOTAL} in all metadata arrays (a damaged or crafted file)"
+            )
+
+    def strings(self, count: int, what: str) -> StringArray:
+        """`count` strings into one buffer; each must be UTF-8 on its own (checked on the whole buffer, and no
+        string may start inside a character)."""
+        offsets = np.zeros(count + 1, dtype=np.int64)
+        blob = bytearray()
+        for i in range(count):
+            n = self.u64(f"length of {what}[{i}]")
+            if n > _MAX_STRING:
+                raise GGUFError(f"{self.path}: {what}[{i}] claims a length of {n} bytes; the file is corrupt")
+            start = self.take(n, f"{what}[{i}]")
+            blob += self.buf[start : start + n]
+            offsets[i + 1] = len(blob)
+        try:
+            blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad = int(np.searchsorted(offsets, exc.start, side="right")) - 1
+            raise GGUFError(f"{self.path}: {what}[{bad}] is not valid UTF-8 ({exc.reason})") from None
+        starts = offsets[:-1][offsets[1:] > offsets[:-1]]
+        split = starts[_CONTINUATION[np.frombuffer(blob, dtype=np.uint8)[starts]]] if len(starts) else starts
+        if len(split):
+            bad = int(np.searchsorted(offsets, split[0], side="right")) - 1
+            raise GGUFError(f"{self.path}: {what}[{bad}] is not valid UTF-8 (it starts inside a character)")
+        return StringArray(blob, offsets)
 
 
 def _value_type(vtype: int, what: str, path: Path) -> ValueType:

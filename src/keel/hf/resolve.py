@@ -72,7 +72,7 @@ def resolve_model(model: str, revision: str | None = None) -> Path:
         raise ModelNotFoundError(f"model folder {path} does not exist (and {model!r} is not a repo id like 'org/name')")
     if model.startswith(f"{KEEL_NAMESPACE}/"):  # keel's own conversions: keel's cache, never the Hub
         return _resolve_keel(model, revision)
-    from huggingface_hub import snapshot_download  # deferred: importing it costs ~0.3 s
+    from huggingface_hub import snapshot_download  # deferred: a local folder never pays its import
 
     cache = hub_cache_dir()
     offline = hub_offline()

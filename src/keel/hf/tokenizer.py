@@ -1,4 +1,8 @@
-"""`tokenizer.json` through `tokenizers`, the chat template through jinja2, and streaming detokenization."""
+"""`tokenizer.json` through `tokenizers`, the chat template through jinja2, and streaming detokenization.
+
+`encode_batch` / `decode_batch` are the calls during which `tokenizers` releases the GIL (its single
+`encode` / `decode` hold it throughout), so a server can tokenize on a thread without stalling its event
+loop; `max_chars_per_token` gives the bound a server checks a text's length against before tokenizing."""
 
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ class Tokenizer:
 
     def __init__(self, folder: Path) -> None:
         self._tok, raw = load_tokenizers(folder / "tokenizer.json")
+        self._pipeline = {k: raw.get(k) for k in ("normalizer", "pre_tokenizer")} | {"model": _model_info(raw)}
+        self._max_chars: int | None = 0  # 0: not computed yet
         model_cfg = read_json_object(folder / "config.json")
         vocab_size = model_cfg.get("vocab_size")
         check_ids_fit(folder / "tokenizer.json", raw, vocab_size)
@@ -67,6 +73,27 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text; `tokenizers` releases the GIL while it works."""
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode_batch(self, seqs: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """The text of each id list; `tokenizers` releases the GIL while it works."""
+        return list(self._tok.decode_batch(seqs, skip_special_tokens=skip_special_tokens))
+
+    def max_chars_per_token(self) -> int | None:
+        """The most characters of input one token can stand for, where this tokenizer makes that a bound: a
+        BPE model that never fuses unknown characters, behind a normalizer and pre-tokenizer that never drop
+        characters; then a text of more than this times N characters is more than N tokens. None otherwise
+        (WordPiece's [UNK] stands for a whole word, a stripping normalizer drops any number of characters)."""
+        if self._max_chars == 0:
+            ok = self._pipeline["model"] and all(
+                _keeps_length(self._pipeline[k]) for k in ("normalizer", "pre_tokenizer")
+            )
+            vocab = self._tok.get_vocab(with_added_tokens=True)
+            self._max_chars = max(map(len, vocab), default=1) if ok and vocab else None
+        return self._max_chars
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """Render `messages` with the checkpoint's jinja chat template (as transformers does)."""
@@ -108,3 +135,36 @@ class IncrementalDetokenizer:
             return ""
         self._prefix, self._read = self._read, len(self._ids)
         return new_text[len(prefix_text) :]
+
+
+# normalizers and pre-tokenizers that never remove characters from the text (each may add some)
+_KEEPS_LENGTH = frozenset({"NFD", "NFKD", "Lowercase", "Prepend", "ByteLevel", "Digits", "Metaspace"})
+_SPLIT_KEEPS = frozenset({"isolated", "mergedwithprevious", "mergedwithnext", "contiguous"})  # not "removed"
+
+
+def _model_info(raw: dict[str, Any]) -> bool:
+    """Whether tokenizer.json's model makes each token stand for at most its own vocabulary entry's text."""
+    model = raw.get("model")
+    return (
+        isinstance(model, dict)
+        and model.get("type") == "BPE"
+        and not (model.get("fuse_unk") and model.get("unk_token"))
+    )
+
+
+def _keeps_length(step: Any) -> bool:
+    """Whether a normalizer / pre-tokenizer (tokenizer.json's object, or null) never drops characters."""
+    if step is None:
+        return True
+    if not isinstance(step, dict):
+        return False
+    kind = step.get("type")
+    if kind == "Sequence":
+        parts = step.get("normalizers", step.get("pretokenizers"))
+        return isinstance(parts, list) and all(_keeps_length(p) for p in parts)
+    if kind in ("Split", "Punctuation"):
+        return str(step.get("behavior", "isolated")).lower().replace("_", "") in _SPLIT_KEEPS
+    if kind == "Replace":
+        pattern, content = step.get("pattern"), step.get("content")
+        return isinstance(pattern, dict) and "String" in pattern and len(str(content)) >= len(str(pattern["String"]))
+    return kind in _KEEPS_LENGTH

@@ -309,7 +309,7 @@ def draw(weights: torch.Tensor, generators: Sequence[torch.Generator | None]) ->
     global RNG for None) and the first token whose cumulative weight exceeds u times the row's total. An
     exact draw from each row's distribution that never picks a token of weight 0, each row's result from
     its own weights and generator only. One uniform per row, where `torch.multinomial` on the CPU draws
-    one exponential per vocabulary entry (2 ms a row for a 49k vocabulary, 40 times this)."""
+    one exponential per vocabulary entry."""
     dev = weights.device
     u = torch.empty(len(generators), dtype=torch.float64, device=dev)
     free = [r for r, g in enumerate(generators) if g is None]
@@ -394,6 +394,9 @@ NOT_FINITE = (
     "sampling failed for this request: its logits became NaN, +inf or all -inf (nothing left to sample) "
     "after its penalties, masks and temperature"
 )
+# a row whose own masks (allowed_token_ids, banned tokens, a grammar's bitmask) removed every token of finite
+# logits: the request's fields leave nothing to sample, which is the request's fault, not the engine's
+NOTHING_ALLOWED = "nothing can be sampled for this request: its masks allow no token at this step"
 
 
 @torch.inference_mode()
@@ -415,9 +418,35 @@ def sample(
     int32 restricts rows `bitmask_rows`. Logprobs come for rows whose params ask (`logprobs` not None) and
     for `logprob_rows` (sampled token only, unless the params ask for a top k).
 
-    A row that cannot be sampled (its penalties or masks raise, its logits are NaN / +inf / all -inf, or
-    the draw raises) gets token -1 and an entry in `errors`; the other rows are sampled as if it were
-    not there. Malformed arguments (lengths, bitmask shape) still raise."""
+    Stages: raw logprob rows kept, then penalties and masks, then greedy rows, then drawn rows, then the
+    logprobs. A row that cannot be sampled (its penalties or masks raise, its logits are NaN / +inf / all
+    -inf, or the draw raises) gets token -1 and an entry in `errors` (NOTHING_ALLOWED where its own masks
+    removed every finite logit); the other rows are sampled as if it were not there. Malformed arguments
+    (lengths, bitmask shape) still raise."""
+    _check_arguments(logits, params, generators, token_ids, num_prompt, banned, bitmask, bitmask_rows)
+    logits = _as_float32(logits)
+    errors: dict[int, str] = {}
+    lp_rows = sorted({b for b, p in enumerate(params) if p.logprobs is not None} | set(logprob_rows or ()))
+    raw = logits[torch.tensor(lp_rows, device=logits.device)] if lp_rows else None  # a copy, before any change
+    masked = _process(logits, params, token_ids, num_prompt, banned, bitmask, bitmask_rows, errors)
+    out = [-1] * len(params)
+    _sample_greedy(logits, params, masked, out, errors)
+    _sample_drawn(logits, params, generators, masked, out, errors)
+    for b in errors:
+        out[b] = -1
+    return SamplerOutput(out, _row_logprobs(raw, lp_rows, params, out, errors), errors)
+
+
+def _check_arguments(
+    logits: torch.Tensor,
+    params: Sequence[SamplingOptions],
+    generators: Sequence[torch.Generator | None],
+    token_ids: Sequence[Sequence[int]],
+    num_prompt: Sequence[int] | None,
+    banned: Sequence[Sequence[int]] | None,
+    bitmask: torch.Tensor | None,
+    bitmask_rows: Sequence[int] | None,
+) -> None:
     if not len(params) == len(generators) == len(token_ids) == logits.shape[0]:
         raise ValueError(
             f"sample: expected one params / generator / token_ids entry per logits row ({logits.shape[0]}), "
@@ -436,10 +465,20 @@ def sample(
             f"sample: bitmask must be int32 [{len(bitmask_rows)}, {(vocab + 31) // 32}] (one row per "
             f"bitmask_rows entry, 32 tokens a word), got {tuple(bitmask.shape)} {bitmask.dtype}"
         )
-    logits = _as_float32(logits)
-    errors: dict[int, str] = {}
-    lp_rows = sorted({b for b, p in enumerate(params) if p.logprobs is not None} | set(logprob_rows or ()))
-    raw = logits[torch.tensor(lp_rows, device=logits.device)] if lp_rows else None  # a copy, before any change
+
+
+def _process(
+    logits: torch.Tensor,
+    params: Sequence[SamplingOptions],
+    token_ids: Sequence[Sequence[int]],
+    num_prompt: Sequence[int] | None,
+    banned: Sequence[Sequence[int]] | None,
+    bitmask: torch.Tensor | None,
+    bitmask_rows: Sequence[int] | None,
+    errors: dict[int, str],
+) -> set[int]:
+    """Penalties and masks, in place, on the rows that use any (a row that raises is an error alone); returns
+    the processed rows whose logits had a finite largest value before their masks."""
     masked = set(bitmask_rows or ()) | {b for b, ban in enumerate(banned or ()) if ban}
     proc = [
         b
@@ -451,61 +490,101 @@ def sample(
         or p.allowed_token_ids is not None
         or b in masked
     ]
-    if proc:
-        args = (params, token_ids, num_prompt, banned, bitmask, bitmask_rows)
-        try:
-            _processed_rows(logits, proc, *args)
-        except Exception as exc:  # noqa: BLE001 - find the rows that fail alone; the others go on
-            for b in proc if len(proc) > 1 else ():
-                try:
-                    _processed_rows(logits, [b], *args)
-                except Exception as row_exc:  # noqa: BLE001
-                    errors[b] = _failure(row_exc)
-            if len(proc) == 1:
-                errors[proc[0]] = _failure(exc)
-    hot = [b for b, p in enumerate(params) if p.temperature >= SAMPLING_EPS and b not in errors]
+    if not proc:
+        return set()
+    before = torch.isfinite(logits[torch.tensor(proc, device=logits.device)].amax(-1)).tolist()
+    args = (params, token_ids, num_prompt, banned, bitmask, bitmask_rows)
+    try:
+        _processed_rows(logits, proc, *args)
+    except Exception as exc:  # noqa: BLE001 - find the rows that fail alone; the others go on
+        for b in proc if len(proc) > 1 else ():
+            try:
+                _processed_rows(logits, [b], *args)
+            except Exception as row_exc:  # noqa: BLE001
+                errors[b] = _failure(row_exc)
+        if len(proc) == 1:
+            errors[proc[0]] = _failure(exc)
+    return {b for b, ok in zip(proc, before, strict=True) if ok}
+
+
+def _nothing_left(b: int, value: float, masked: set[int]) -> str:
+    """Why row b has no token: its own masks emptied a row of finite logits, or its logits are not finite."""
+    return NOTHING_ALLOWED if value == -math.inf and b in masked else NOT_FINITE
+
+
+def _sample_greedy(
+    logits: torch.Tensor, params: Sequence[SamplingOptions], masked: set[int], out: list[int], errors: dict[int, str]
+) -> None:
+    """Argmax of the greedy rows into `out`; a row whose argmax is NaN (any NaN in it) or -inf (every token
+    masked) has no token to give."""
     cold = [b for b in range(len(params)) if b not in errors and params[b].temperature < SAMPLING_EPS]
-    out = greedy(logits) if cold else [-1] * len(params)  # greedy rows; sampled rows are overwritten below
-    if cold:  # argmax took a NaN (any NaN in the row) or a -inf (every token masked): no token to give
-        cols = [out[b] for b in cold]
-        if logits.device.type == "cpu":  # (numpy: no tensors built for a few values, as `greedy` does)
-            chosen = logits.detach().numpy()[cold, cols].tolist()
-        else:
-            dev = logits.device
-            chosen = logits[torch.tensor(cold, device=dev), torch.tensor(cols, device=dev)].tolist()
-        for b, value in zip(cold, chosen, strict=True):
-            if math.isnan(value) or value == -math.inf:
-                errors[b] = NOT_FINITE
-    if hot:
+    if not cold:
+        return
+    picked = greedy(logits)
+    cols = [picked[b] for b in cold]
+    if logits.device.type == "cpu":  # (numpy: no tensors built for a few values, as `greedy` does)
+        chosen = logits.detach().numpy()[cold, cols].tolist()
+    else:
         dev = logits.device
-        sub = logits if len(hot) == len(params) else logits[torch.tensor(hot, device=dev)]
-        temps = [params[b].temperature for b in hot]
-        scaled = sub / torch.tensor(temps, device=dev)[:, None] if any(t != 1.0 for t in temps) else sub
-        top = scaled.amax(-1)
-        finite = torch.isfinite(top).tolist()  # NaN, +inf or all -inf: nothing to sample
-        plain: list[int] = []  # rows of `scaled` drawn from the whole vocabulary
-        for r, b in enumerate(hot):
-            p = params[b]
-            if not finite[r]:
-                errors[b] = NOT_FINITE
-            elif 0 < p.top_k < vocab or p.top_p < 1.0:
-                try:
-                    out[b] = draw_filtered(scaled[r], p.top_k, p.top_p, p.min_p, generators[b])
-                except Exception as exc:  # noqa: BLE001 - this row alone fails
-                    errors[b] = _failure(exc)
-            else:
-                plain.append(r)
-        if plain:
-            keep = None if len(plain) == len(hot) else torch.tensor(plain, device=dev)
-            rows, peak = (scaled, top) if keep is None else (scaled[keep], top[keep])
-            weights = torch.sub(rows, peak[:, None], out=_buffer("weights", rows)).exp_()  # softmax's numerator
-            min_p = [params[hot[r]].min_p for r in plain]
-            if any(min_p):  # probability below min_p times the top one: weight below min_p (the top weighs 1)
-                weights.masked_fill_(weights < torch.tensor(min_p, device=dev)[:, None], 0.0)
-            for r, token in zip(plain, draw(weights, [generators[hot[r]] for r in plain]), strict=True):
-                out[hot[r]] = token
-    for b in errors:
-        out[b] = -1
+        chosen = logits[torch.tensor(cold, device=dev), torch.tensor(cols, device=dev)].tolist()
+    for b, col, value in zip(cold, cols, chosen, strict=True):
+        if math.isnan(value) or value == -math.inf:
+            errors[b] = _nothing_left(b, value, masked)
+        else:
+            out[b] = col
+
+
+def _sample_drawn(
+    logits: torch.Tensor,
+    params: Sequence[SamplingOptions],
+    generators: Sequence[torch.Generator | None],
+    masked: set[int],
+    out: list[int],
+    errors: dict[int, str],
+) -> None:
+    """The rows sampled at a temperature: scaled, then top-k / top-p / min_p drawn per row where set, one
+    batched draw for the others."""
+    hot = [b for b, p in enumerate(params) if p.temperature >= SAMPLING_EPS and b not in errors]
+    if not hot:
+        return
+    dev, vocab = logits.device, logits.shape[-1]
+    sub = logits if len(hot) == len(params) else logits[torch.tensor(hot, device=dev)]
+    temps = [params[b].temperature for b in hot]
+    scaled = sub / torch.tensor(temps, device=dev)[:, None] if any(t != 1.0 for t in temps) else sub
+    top = scaled.amax(-1)
+    tops = top.tolist()
+    plain: list[int] = []  # rows of `scaled` drawn from the whole vocabulary
+    for r, b in enumerate(hot):
+        p = params[b]
+        if not math.isfinite(tops[r]):  # NaN, +inf or all -inf: nothing to sample
+            errors[b] = _nothing_left(b, tops[r], masked)
+        elif 0 < p.top_k < vocab or p.top_p < 1.0:
+            try:
+                out[b] = draw_filtered(scaled[r], p.top_k, p.top_p, p.min_p, generators[b])
+            except Exception as exc:  # noqa: BLE001 - this row alone fails
+                errors[b] = _failure(exc)
+        else:
+            plain.append(r)
+    if not plain:
+        return
+    keep = None if len(plain) == len(hot) else torch.tensor(plain, device=dev)
+    rows, peak = (scaled, top) if keep is None else (scaled[keep], top[keep])
+    weights = torch.sub(rows, peak[:, None], out=_buffer("weights", rows)).exp_()  # softmax's numerator
+    min_p = [params[hot[r]].min_p for r in plain]
+    if any(min_p):  # probability below min_p times the top one: weight below min_p (the top weighs 1)
+        weights.masked_fill_(weights < torch.tensor(min_p, device=dev)[:, None], 0.0)
+    for r, token in zip(plain, draw(weights, [generators[hot[r]] for r in plain]), strict=True):
+        out[hot[r]] = token
+
+
+def _row_logprobs(
+    raw: torch.Tensor | None,
+    lp_rows: list[int],
+    params: Sequence[SamplingOptions],
+    out: list[int],
+    errors: dict[int, str],
+) -> list[RowLogprobs | None]:
+    """The logprobs of the raw logits for the rows that want them and got a token."""
     logprobs: list[RowLogprobs | None] = [None] * len(params)
     if raw is not None and errors:
         kept = [j for j, b in enumerate(lp_rows) if b not in errors]
@@ -515,4 +594,4 @@ def sample(
         ks = [params[b].logprobs or 0 for b in lp_rows]
         for b, row in zip(lp_rows, _logprobs(raw, [out[b] for b in lp_rows], ks), strict=True):
             logprobs[b] = row
-    return SamplerOutput(out, logprobs, errors)
+    return logprobs

@@ -2,12 +2,14 @@
 batch bitmask. Nothing here knows the engine: a spec is a (kind, value) pair, as
 `SamplingParams.structured_outputs` gives it.
 
-llguidance's parsers are native code that recurses with the input: a Lark grammar chaining a few
-thousand rules overflowed a default thread stack (SIGSEGV, the whole server gone), and a 10,000-property
-schema took 11 s to compile. So every spec is first checked against `GrammarLimits` (size, nesting
-depth, rules, schema nodes), and every compile runs on `CompileWorkers`, threads with a 256 MiB stack;
-`GrammarCompiler.prepare` lets a server compile a request's grammar there before the engine sees it
-(the engine thread then only copies the prepared template), with a time limit the request waits for.
+A spec is client input for native code whose cost it chooses (a few thousand chained Lark rules
+overflow a thread's stack; an `allOf` of string patterns builds an automaton exponential in their
+count). So a spec passes the cheap static limits of `GrammarLimits` first, then llguidance compiles it
+in a sandbox worker process (`compile_job`) under an address-space, CPU-time and wall-clock limit, killed
+at the request's deadline or when the request gives up; only a grammar that compiled there is built
+again here, on big-stack threads, with llguidance's parser limits bounding every later token mask.
+`GrammarCompiler.prepare` lets a server do all this before the engine sees the request (the engine
+thread then only copies the prepared template).
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ import json
 import queue
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from keel.errors import RequestValidationError
+from keel.sandbox import Abandoned, Busy, JobFailed, LimitExceeded, WorkerLimits, WorkerPool
+from keel.structured import compile_job
 
 
 def _invalid(field: str, message: str) -> ValueError:
@@ -33,21 +38,46 @@ def _invalid(field: str, message: str) -> ValueError:
     return RequestValidationError(field, message)
 
 
-# compact JSON (no free whitespace between tokens): a small model cannot wander off into blank lines, and
-# the output is what json.dumps(separators=(",", ":")) writes
-_JSON_OPTIONS = {"whitespace_flexible": False}
+class GrammarBusy(RuntimeError):
+    """Every grammar worker stayed busy past the request's deadline, or too many compiles wait (a 503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParserLimits:
+    """llguidance's own limits on a matcher (LLParserLimits): they bound every token mask's work."""
+
+    max_lexer_states: int = 50_000  # the lexer automaton's states (1-2 kB each)
+    step_lexer_fuel: int = 200_000  # lexer work per token mask
+    step_max_items: int = 50_000  # Earley items per token mask
+    initial_lexer_fuel: int = 1_000_000  # building the lexer's regexes
+    max_grammar_size: int = 500_000  # symbols in the grammar's productions
 
 
 @dataclass(frozen=True, slots=True)
 class GrammarLimits:
-    """What a spec may hold before it is compiled (each one a 400 naming the field and the limit)."""
+    """What a spec may hold before it is compiled, and what its compile may use (each one a 400 naming the
+    field and the limit)."""
 
     max_bytes: int = 64 * 1024  # grammar, regex, schema (as JSON) or choices, in UTF-8 bytes
     max_depth: int = 64  # brackets nested in a grammar or regex; objects / arrays nested in a schema
     max_rules: int = 1024  # rule definitions of a Lark / GBNF grammar
     max_schema_nodes: int = 4096  # objects, arrays and values of a JSON schema
     max_choices: int = 1024
-    compile_timeout_s: float = 10.0  # a server's request waits this long for its grammar, then gets a 400
+    max_intersected_patterns: int = 12  # `pattern`s under one `allOf` (their intersection grows exponentially)
+    compile_timeout_s: float = 10.0  # a request waits this long for its grammar; its compile is killed then
+    workers: int = 2  # compile worker processes
+    memory_mib: int = 512  # address space of a compile worker above its baseline
+    parser: ParserLimits = ParserLimits()
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "max_depth", "max_rules", "max_schema_nodes", "max_choices", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GrammarLimits: {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_intersected_patterns < 1 or not self.compile_timeout_s > 0 or self.memory_mib < 64:
+            raise ValueError(
+                "GrammarLimits: max_intersected_patterns >= 1, compile_timeout_s > 0 and memory_mib >= 64 expected, "
+                f"got {self.max_intersected_patterns}, {self.compile_timeout_s}, {self.memory_mib}"
+            )
 
 
 _RULE = re.compile(r"^\s*[?!]?[A-Za-z_][\w.]*(\{[^}\n]*\})?(\.-?\d+)?\s*(:|::=)", re.MULTILINE)
@@ -91,6 +121,73 @@ def _json_shape(value: Any, max_nodes: int) -> tuple[int, int]:
     return nodes, top
 
 
+def _intersected_patterns(value: Any) -> int:
+    """The most `pattern`s one `allOf` of a schema intersects (its own and those under its members)."""
+    worst = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            members = item.get("allOf")
+            if isinstance(members, list):
+                worst = max(worst, ("pattern" in item) + _count_key(members, "pattern"))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return worst
+
+
+def _count_key(value: Any, key: str) -> int:
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += key in item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def _check_schema(value: Any, limits: GrammarLimits, refuse: Callable[[str], None]) -> None:
+    if isinstance(value, str):
+        if len(value.encode("utf-8", "surrogatepass")) > limits.max_bytes:
+            refuse(f"the schema is larger than this server's limit of {limits.max_bytes} bytes")
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as exc:
+            refuse(f"the schema is not valid JSON: {exc}")
+    nodes, depth = _json_shape(value, limits.max_schema_nodes)
+    if nodes > limits.max_schema_nodes:
+        refuse(f"the schema has more than this server's limit of {limits.max_schema_nodes} nodes")
+    if depth > limits.max_depth:
+        refuse(f"the schema nests {depth} levels; this server's limit is {limits.max_depth}")
+    size = len(json.dumps(value))
+    if size > limits.max_bytes:
+        refuse(f"the schema is larger than this server's limit of {limits.max_bytes} bytes ({size})")
+    patterns = _intersected_patterns(value)
+    if patterns > limits.max_intersected_patterns:
+        refuse(
+            f"an allOf intersects {patterns} string patterns; this server's limit is "
+            f"{limits.max_intersected_patterns} (each one can multiply the compiled automaton's size)"
+        )
+
+
+def _check_text(kind: str, value: Any, limits: GrammarLimits, refuse: Callable[[str], None]) -> None:
+    if not isinstance(value, str):
+        refuse(f"expected a string, got {type(value).__name__}")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        refuse(f"the {kind} is {size} bytes; this server's limit is {limits.max_bytes}")
+    depth = _bracket_depth(value)
+    if depth > limits.max_depth:
+        refuse(f"the {kind} nests brackets {depth} deep; this server's limit is {limits.max_depth}")
+    if kind == "grammar":
+        rules = len(_RULE.findall(value))
+        if rules > limits.max_rules:
+            refuse(f"the grammar defines {rules} rules; this server's limit is {limits.max_rules}")
+
+
 def check_spec(kind: str, value: Any, limits: GrammarLimits) -> None:
     """Refuse a spec past `limits` before any native parser sees it (RequestValidationError naming the field)."""
     where = f"structured_outputs.{kind}"
@@ -99,34 +196,9 @@ def check_spec(kind: str, value: Any, limits: GrammarLimits) -> None:
         raise _invalid(where, f"{where}: {what}")
 
     if kind == "json":
-        if isinstance(value, str):
-            if len(value.encode("utf-8", "surrogatepass")) > limits.max_bytes:
-                refuse(f"the schema is larger than this server's limit of {limits.max_bytes} bytes")
-            try:
-                value = json.loads(value)
-            except (ValueError, RecursionError) as exc:
-                refuse(f"the schema is not valid JSON: {exc}")
-        nodes, depth = _json_shape(value, limits.max_schema_nodes)
-        if nodes > limits.max_schema_nodes:
-            refuse(f"the schema has more than this server's limit of {limits.max_schema_nodes} nodes")
-        if depth > limits.max_depth:
-            refuse(f"the schema nests {depth} levels; this server's limit is {limits.max_depth}")
-        size = len(json.dumps(value))
-        if size > limits.max_bytes:
-            refuse(f"the schema is larger than this server's limit of {limits.max_bytes} bytes ({size})")
+        _check_schema(value, limits, refuse)
     elif kind in ("regex", "grammar"):
-        if not isinstance(value, str):
-            refuse(f"expected a string, got {type(value).__name__}")
-        size = len(value.encode("utf-8", "surrogatepass"))
-        if size > limits.max_bytes:
-            refuse(f"the {kind} is {size} bytes; this server's limit is {limits.max_bytes}")
-        depth = _bracket_depth(value)
-        if depth > limits.max_depth:
-            refuse(f"the {kind} nests brackets {depth} deep; this server's limit is {limits.max_depth}")
-        if kind == "grammar":
-            rules = len(_RULE.findall(value))
-            if rules > limits.max_rules:
-                refuse(f"the grammar defines {rules} rules; this server's limit is {limits.max_rules}")
+        _check_text(kind, value, limits, refuse)
     elif kind == "choice":
         items = list(value or [])
         if len(items) > limits.max_choices:
@@ -189,37 +261,31 @@ class CompileWorkers:
             self._jobs.put(None)
 
 
-def grammar_text(kind: str, value: Any) -> str:
-    """The llguidance grammar of one spec; ValueError("structured_outputs.<kind>: ...") when it is bad."""
-    from llguidance import LLMatcher, grammar_from
+class Compile:
+    """A spec being prepared: `future` resolves to its key once its template is pinned (release it with
+    `GrammarCompiler.release`); `cancel()` gives up on it, killing its compile if one runs."""
 
-    try:
-        if kind == "json":
-            schema = json.loads(value) if isinstance(value, str) else value
-            if not isinstance(schema, dict | bool):
-                raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
-            return str(LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS))  # type: ignore[arg-type]
-        if kind == "json_object":
-            return str(LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS))  # type: ignore[arg-type]
-        if kind == "regex":
-            return str(LLMatcher.grammar_from_regex(value))
-        if kind == "choice":
-            return str(grammar_from("choice", json.dumps(list(value))))
-        if kind == "grammar":
-            return str(grammar_from("grammar", value))  # Lark, or GBNF (converted)
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise _invalid(f"structured_outputs.{kind}", f"structured_outputs.{kind}: {exc}") from exc
-    raise _invalid(
-        "structured_outputs",
-        f"structured_outputs: unknown kind {kind!r}; expected json, json_object, regex, choice, grammar",
-    )
+    def __init__(self, compiler: GrammarCompiler, key: tuple[str, str]) -> None:
+        self.compiler, self.key = compiler, key
+        self.future: concurrent.futures.Future[tuple[str, str]] = concurrent.futures.Future()
+        self.job: concurrent.futures.Future[Any] | None = None  # the sandbox job, while it runs
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.job is not None and self.compiler._workers is not None:
+            self.compiler._workers.cancel(self.job)
+        if self.future.done() and not self.future.cancelled() and self.future.exception() is None:
+            self.compiler.release(self.key)  # it was pinned for a request that is gone
+        else:
+            self.future.cancel()
 
 
 class GrammarCompiler:
     """One per engine: the llguidance tokenizer (built once from tokenizer.json, about a second), an LRU
     cache of compiled matcher templates keyed by the spec, templates a server prepared for requests it is
-    adding (`prepare` / `release`), the big-stack compile workers, and the executor that fills batch
-    bitmasks."""
+    adding (`prepare` / `release`), the sandbox compile workers, the big-stack threads that build a
+    compiled grammar's template, and the executor that fills batch bitmasks."""
 
     def __init__(
         self,
@@ -233,16 +299,46 @@ class GrammarCompiler:
 
         self.vocab_size = vocab_size
         self.limits = limits or GrammarLimits()
+        self._tokenizer_json, self._eos = tokenizer_json, list(eos_token_ids)
         self._tok = llguidance.LLTokenizer(
-            tokenizer_json.read_text(encoding="utf-8"), n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
+            tokenizer_json.read_text(encoding="utf-8"), n_vocab=vocab_size, eos_token=self._eos or None
         )
         self._executor = llguidance.LLExecutor()
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._cache_size = cache_size
         self._pinned: dict[tuple[str, str], tuple[Any, int]] = {}  # prepared for requests being added
         self._lock = threading.Lock()  # add_request may come from another thread than step (keel serve)
-        self.workers = CompileWorkers()
+        self._workers: WorkerPool | None = None  # started on the first compile, with the limits then
+        self.builders = CompileWorkers()
         self.num_compiled = 0  # templates built (cache misses), for tests and metrics
+
+    def configure(self, limits: GrammarLimits) -> None:
+        """Use `limits` from now on (a server's); running compile workers are replaced."""
+        with self._lock:
+            self.limits, workers, self._workers = limits, self._workers, None
+        if workers is not None:
+            workers.close()
+
+    @property
+    def workers(self) -> WorkerPool:
+        """The sandbox processes that compile specs."""
+        with self._lock:
+            if self._workers is None:
+                lim = self.limits
+                init = {
+                    "tokenizer_json": str(self._tokenizer_json),
+                    "vocab_size": self.vocab_size,
+                    "eos": self._eos,
+                    "parser_limits": asdict(lim.parser),
+                }
+                self._workers = WorkerPool(
+                    "grammar",
+                    Path(compile_job.__file__),
+                    init,
+                    workers=lim.workers,
+                    limits=WorkerLimits(memory_mib=lim.memory_mib, cpu_s=lim.compile_timeout_s),
+                )
+            return self._workers
 
     @staticmethod
     def key(kind: str, value: Any) -> tuple[str, str]:
@@ -258,22 +354,86 @@ class GrammarCompiler:
                 self._cache.move_to_end(key)
             return template
 
-    def _compile(self, kind: str, value: Any) -> Any:
-        """Check, compile and cache a spec's template (on a compile worker: the native parsers recurse)."""
-        import llguidance
+    def _pin(self, key: tuple[str, str], template: Any) -> None:
+        with self._lock:
+            held = self._pinned.get(key)
+            self._pinned[key] = (template, (held[1] if held else 0) + 1)
 
+    def prepare(self, kind: str, value: Any, deadline: float | None = None) -> Compile:
+        """Compile a spec in a sandbox worker (killed at `deadline`, monotonic; default now + the compile
+        timeout), build its template here and pin it until `release(key)`: the engine thread's `matcher`
+        then finds it without compiling. Raises RequestValidationError for a spec past the static limits
+        and GrammarBusy when too many compiles wait; the future raises RequestValidationError (a spec
+        llguidance refuses, or one past a worker's limit) or GrammarBusy."""
         key = self.key(kind, value)
+        handle = Compile(self, key)
         template = self._lookup(key)
         if template is not None:
-            return template
+            self._pin(key, template)
+            handle.future.set_result(key)
+            return handle
         check_spec(kind, value, self.limits)
+        timeout = self.limits.compile_timeout_s
+        try:
+            handle.job = self.workers.submit(
+                {"kind": kind, "value": value}, run_s=timeout, deadline=deadline or time.monotonic() + timeout
+            )
+        except Busy as exc:
+            raise GrammarBusy(str(exc)) from exc
+        handle.job.add_done_callback(lambda job: self._compiled(handle, kind, job))
+        return handle
+
+    def _compiled(self, handle: Compile, kind: str, job: concurrent.futures.Future[Any]) -> None:
+        """The sandbox's answer: an error for the request, or the grammar to build here (off this thread)."""
+        if handle.cancelled or job.cancelled():
+            handle.future.cancel()
+            return
+        exc = job.exception()
+        if exc is not None:
+            handle.future.set_exception(self._error(kind, exc))
+            return
+        grammar = job.result()["grammar"]
+
+        def build() -> None:
+            if handle.cancelled:
+                handle.future.cancel()
+                return
+            try:
+                self._pin(handle.key, self._build(handle.key, kind, grammar))
+            except BaseException as build_exc:  # noqa: BLE001 - handed to the request
+                handle.future.set_exception(build_exc)
+                return
+            handle.future.set_result(handle.key)
+
+        self.builders.submit(build)
+
+    def _error(self, kind: str, exc: BaseException) -> BaseException:
         where = f"structured_outputs.{kind}"
-        grammar = grammar_text(kind, value)
-        err = llguidance.LLMatcher.validate_grammar(grammar, self._tok)
-        if err and not err.startswith("WARNING"):
-            raise _invalid(where, f"{where}: {err}")
-        template = llguidance.LLMatcher(self._tok, grammar, log_level=0)
+        if isinstance(exc, JobFailed):
+            text = str(exc)
+            return _invalid(where, text if text.startswith("structured_outputs") else f"{where}: {text}")
+        if isinstance(exc, LimitExceeded):
+            if exc.limit == "time":
+                limit = self.limits.compile_timeout_s
+                return _invalid(
+                    where, f"{where}: the grammar did not compile within this server's limit of {limit:g} s"
+                )
+            return _invalid(where, f"{where}: compiling the grammar {exc}")
+        if isinstance(exc, Busy):
+            return GrammarBusy(str(exc))
+        if isinstance(exc, Abandoned):
+            return exc
+        return exc
+
+    def _build(self, key: tuple[str, str], kind: str, grammar: str) -> Any:
+        """The template of a grammar the sandbox compiled, cached (on a big-stack thread: it recurses too)."""
+        import llguidance
+
+        template = llguidance.LLMatcher(
+            self._tok, grammar, log_level=0, limits=compile_job.parser_limits(asdict(self.limits.parser))
+        )
         if template.is_error():
+            where = f"structured_outputs.{kind}"
             raise _invalid(where, f"{where}: {template.get_error()}")
         with self._lock:
             self.num_compiled += 1
@@ -281,21 +441,6 @@ class GrammarCompiler:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return template
-
-    def prepare(self, kind: str, value: Any) -> concurrent.futures.Future[tuple[str, str]]:
-        """Compile a spec on a worker and pin its template until `release(key)` (the future's result): the
-        engine thread's `matcher` then finds it without compiling. Raises RuntimeError when too many
-        compiles wait, RequestValidationError (in the future) for a spec past the limits or malformed."""
-        key = self.key(kind, value)
-
-        def job() -> tuple[str, str]:
-            template = self._compile(kind, value)
-            with self._lock:
-                held = self._pinned.get(key)
-                self._pinned[key] = (template, (held[1] if held else 0) + 1)
-            return key
-
-        return self.workers.submit(job)
 
     def release(self, key: tuple[str, str]) -> None:
         with self._lock:
@@ -309,10 +454,18 @@ class GrammarCompiler:
 
     def matcher(self, kind: str, value: Any) -> Any:
         """A fresh matcher for one request: a copy of the spec's template (prepared, cached, or compiled now
-        on a compile worker while the caller waits)."""
-        template = self._lookup(self.key(kind, value))
+        in a sandbox worker while the caller waits)."""
+        key = self.key(kind, value)
+        template = self._lookup(key)
         if template is None:
-            template = self.workers.submit(lambda: self._compile(kind, value)).result()
+            handle = self.prepare(kind, value)
+            try:
+                handle.future.result()
+            except BaseException:
+                handle.cancel()
+                raise
+            template = self._lookup(key)
+            self.release(key)
         return template.deep_copy()
 
     def bitmask(self, matchers: list[Any]) -> torch.Tensor:
@@ -325,3 +478,10 @@ class GrammarCompiler:
             [(m, i) for i, m in enumerate(matchers)], mask.data_ptr(), words * 4, len(matchers)
         )
         return mask
+
+    def close(self) -> None:
+        """Stop the compile worker processes (a later compile starts new ones)."""
+        with self._lock:
+            workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.close()

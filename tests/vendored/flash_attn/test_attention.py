@@ -147,7 +147,7 @@ def test_kvcache_empty_sequence_and_dense_cache():
 
 
 def test_split_k_matches_unsplit_on_long_context():
-    # on the CPU the default (0) never splits, not even a batch-1 long context (a split changes the bits: issue 27,
+    # on the CPU the default (0) never splits, not even a batch-1 long context (a split changes the bits:
     # tests/vendored/flash_attn/test_call_shape.py); forced splits run as asked and agree with none to rounding
     gen = torch.Generator().manual_seed(6)
     n, h, hk, d = 1500, 4, 2, 64

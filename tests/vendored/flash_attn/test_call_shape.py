@@ -1,4 +1,4 @@
-"""Issue 27 item 1 for attention: a query's output is the same bits whatever call computes it.
+"""The same bits whatever the call, for attention: a query's output is the same bits whatever call computes it.
 
 The engine computes query i of a sequence in a varlen prefill of the whole prompt (contiguous K/V or the paged
 cache), in a prefill of the prompt's tail with the prefix from the paged cache (a prefix-cache hit), alone

@@ -182,7 +182,7 @@ void run(Flash_fwd_params& params, int num_splits, int block_m_hint, bool cuda, 
   }
   // num_splits 0 (auto) never splits along the keys on the CPU: a split merges partial softmaxes, which changes a
   // query's bits, and upstream's heuristic would choose it from the batch, the thread count and the context length
-  // (issue 27: a query's output must be the same bits in a prefill, with a cached prefix, batched or alone, and as
+  // (a query's output must be the same bits in a prefill, with a cached prefix, batched or alone, and as
   // a decode query). The kernel spreads the work over kv heads instead (cpu_kv_heads_per_item); an explicit
   // num_splits > 1 still splits, as asked.
   (void)block_m_hint;

@@ -2,8 +2,11 @@
 sections, an odd ELF class or encoding): slower, and it words the errors of odd headers.
 
 pyelftools reads through a file object over the RandomAccess (`SourceStream`): only the headers and
-tables it parses are read, each read at most MAX_READ bytes, and at most MAX_SYMBOLS symbols are
-collected, so a sparse 10 GB object or a member of GBs costs no more memory than a small one."""
+tables it parses are read, each read at most MAX_READ bytes. Its work is bounded too, since it parses one
+object per entry: the dynamic entries are counted in bulk before pyelftools walks them (it walks to DT_NULL,
+past the segment's end if need be), and at most MAX_SYMBOLS symbols and MAX_VERSIONS version entries are
+walked, so a sparse 10 GB object, a member of GBs or a table of millions of entries costs about what a
+small object does."""
 
 from __future__ import annotations
 
@@ -17,11 +20,21 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
 
 from ..errors import ElfFormatError
-from .symbols import dynsym_names
-from .types import MAX_READ, NO_EXTRA, DynamicSymbols, ElfInfo, RandomAccess, SymbolExtra, machine_name
+from .symbols import check_dynamic_count, dynsym_names
+from .types import (
+    MAX_DYNAMIC_TAGS,
+    MAX_READ,
+    NO_EXTRA,
+    DynamicSymbols,
+    ElfInfo,
+    RandomAccess,
+    SymbolExtra,
+    machine_name,
+)
 
 _SHT_DYNSYM, _SHT_VERSYM = 11, 0x6FFFFFFF
-MAX_SYMBOLS = 1 << 22  # dynamic symbols walked without .dynsym (libtorch_cpu.so has about 75,000)
+MAX_SYMBOLS = 1 << 17  # dynamic symbols walked without .dynsym (libtorch_cpu.so has about 75,000)
+MAX_VERSIONS = 1 << 16  # version needs and definitions walked
 
 
 class SourceStream(io.RawIOBase):
@@ -93,6 +106,7 @@ def _collect(elf: ELFFile) -> ElfInfo:
     if dynamic is None:
         dynamic = next((s for s in elf.iter_segments() if isinstance(s, DynamicSegment)), None)
     if dynamic is not None:
+        _check_tag_count(elf, dynamic)
         for tag in dynamic.iter_tags():
             kind = tag.entry.d_tag
             if kind == "DT_NEEDED":
@@ -103,21 +117,52 @@ def _collect(elf: ELFFile) -> ElfInfo:
                 runpath.extend(p for p in _text(tag, "runpath").split(":") if p)
             elif kind == "DT_SONAME":
                 soname = _text(tag, "soname")
-    names: dict[int, str] = {}
-    needs: list[tuple[str, str]] = []
-    for sec in elf.iter_sections():
-        if isinstance(sec, GNUVerNeedSection):
-            for verneed, auxes in sec.iter_versions():
-                for aux in auxes:
-                    names[aux["vna_other"]] = aux.name
-                    needs.append((verneed.name or "", aux.name))
-        elif isinstance(sec, GNUVerDefSection):
-            for verdef, auxes in sec.iter_versions():
-                first = next(iter(auxes), None)
-                if first is not None and not verdef["vd_flags"] & 0x1:  # skip VER_FLG_BASE
-                    names[verdef["vd_ndx"]] = first.name
+    names, needs = _versions(elf)
     tags = (soname, tuple(needed), tuple(rpath), tuple(runpath))
     return ElfInfo.assemble(machine_name(elf["e_machine"]), tags, _symbols(elf, dynamic), needs, names)
+
+
+def _check_tag_count(elf: ELFFile, dynamic: DynamicSection | DynamicSegment) -> None:
+    """Count the entries pyelftools would walk (from the table's start to DT_NULL) in one bulk read first:
+    more than MAX_DYNAMIC_TAGS is a malformed object, refused before pyelftools parses them one by one."""
+    if isinstance(dynamic, DynamicSection):
+        offset, empty = dynamic["sh_offset"], dynamic["sh_type"] == "SHT_NOBITS"
+    else:
+        offset, empty = dynamic["p_offset"], dynamic["p_filesz"] == 0
+    if empty:  # (pyelftools walks none)
+        return
+    ent = elf.structs.Elf_Dyn.sizeof()
+    elf.stream.seek(offset)
+    raw = elf.stream.read((MAX_DYNAMIC_TAGS + 1) * ent)
+    is64, e = elf.elfclass == 64, "<" if elf.little_endian else ">"
+    if len(raw) // ent <= MAX_DYNAMIC_TAGS and not any(
+        t == 0 for (t,) in struct.iter_unpack(e + ("q8x" if is64 else "i4x"), raw[: len(raw) // ent * ent])
+    ):
+        raise ElfFormatError(f"truncated ELF: the dynamic table at offset {offset} ends before its DT_NULL")
+    check_dynamic_count(raw, e, is64)
+
+
+def _versions(elf: ELFFile) -> tuple[dict[int, str], list[tuple[str, str]]]:
+    """Version names by index and (file, version) needs, at most MAX_VERSIONS entries walked."""
+    names: dict[int, str] = {}
+    needs: list[tuple[str, str]] = []
+    walked = 0
+    for sec in elf.iter_sections():
+        if not isinstance(sec, GNUVerNeedSection | GNUVerDefSection):
+            continue
+        for entry, auxes in sec.iter_versions():
+            for k, aux in enumerate(auxes):
+                walked += 1
+                if walked > MAX_VERSIONS:
+                    raise ElfFormatError(f"malformed ELF: more than {MAX_VERSIONS} version entries")
+                if isinstance(sec, GNUVerNeedSection):
+                    names[aux["vna_other"]] = aux.name
+                    needs.append((entry.name or "", aux.name))
+                elif k == 0 and not entry["vd_flags"] & 0x1:  # a definition's first name; skip VER_FLG_BASE
+                    names[entry["vd_ndx"]] = aux.name
+                else:
+                    break
+    return names, needs
 
 
 def _text(tag: DynamicTag, name: str) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ..errors import ElfFormatError
 from .sections import EHDR32, EHDR64
 from .symbols import dynamic_tags, dynsym_names, walk_versions
-from .types import MAX_READ, PHDR_SIZE, SHDR_SIZE, ElfInfo, RandomAccess, machine_name
+from .types import MAX_DYNAMIC_TAGS, MAX_READ, PHDR_SIZE, SHDR_SIZE, ElfInfo, RandomAccess, machine_name
 
 DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_SYMENT = 4, 5, 6, 10, 11
 DT_GNU_HASH, DT_VERSYM = 0x6FFFFEF5, 0x6FFFFFF0
@@ -72,9 +72,9 @@ def _read(src: RandomAccess, head: bytes) -> ElfInfo:
             dynamic = (offset, filesz)
     if dynamic is None or not dynamic[1]:
         raise _Unusable
-    dyn = _exact(src, *dynamic)
-    tags: dict[int, int] = {}
     ent = 16 if is64 else 8
+    dyn = _exact(src, dynamic[0], min(dynamic[1], (MAX_DYNAMIC_TAGS + 1) * ent))  # (dynamic_tags checks the count)
+    tags: dict[int, int] = {}
     for tag, val in struct.iter_unpack(e + ("qQ" if is64 else "iI"), dyn[: len(dyn) // ent * ent]):
         if tag == 0:
             break

@@ -11,7 +11,7 @@ import sys
 from itertools import accumulate, compress
 
 from ..errors import ElfFormatError
-from .types import DynamicSymbols, DynamicTags
+from .types import MAX_DYNAMIC_TAGS, DynamicSymbols, DynamicTags
 
 _NATIVE = "<" if sys.byteorder == "little" else ">"
 _BIND_OK = bytes((i >> 4) if (i >> 4) in (1, 2, 10) else 0 for i in range(256))  # global/weak/unique
@@ -93,12 +93,14 @@ def cstr(table: bytes, offset: int) -> str:
 
 
 def dynamic_tags(raw: bytes, strtab: bytes, e: str, is64: bool) -> DynamicTags:
-    """(soname, needed, rpath, runpath) from the .dynamic entries up to DT_NULL."""
+    """(soname, needed, rpath, runpath) from the .dynamic entries up to DT_NULL; ElfFormatError when more than
+    MAX_DYNAMIC_TAGS come before it."""
     soname: str | None = None
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
     ent = 16 if is64 else 8
+    check_dynamic_count(raw, e, is64)
     for tag, val in struct.iter_unpack(e + ("qQ" if is64 else "iI"), raw[: len(raw) // ent * ent]):
         if tag == 0:
             break
@@ -111,6 +113,19 @@ def dynamic_tags(raw: bytes, strtab: bytes, e: str, is64: bool) -> DynamicTags:
         elif tag == 14:  # DT_SONAME
             soname = cstr(strtab, val)
     return soname, tuple(needed), tuple(rpath), tuple(runpath)
+
+
+def check_dynamic_count(raw: bytes, e: str, is64: bool) -> None:
+    """ElfFormatError when `raw` holds more than MAX_DYNAMIC_TAGS dynamic entries before its DT_NULL."""
+    ent = 16 if is64 else 8
+    if len(raw) // ent <= MAX_DYNAMIC_TAGS:
+        return
+    window = raw[: (MAX_DYNAMIC_TAGS + 1) * ent]
+    if not any(tag == 0 for (tag,) in struct.iter_unpack(e + ("q8x" if is64 else "i4x"), window)):
+        raise ElfFormatError(
+            f"malformed ELF: no DT_NULL among the first {MAX_DYNAMIC_TAGS + 1} dynamic entries; expected at most "
+            f"{MAX_DYNAMIC_TAGS} before it"
+        )
 
 
 def walk_versions(

@@ -16,6 +16,8 @@ _TYPES: dict[int, str] = {v: k for k, v in ENUM_E_TYPE.items() if k != "_default
 # the most bytes any reader reads at once (one section, one table): about 12x the largest dynamic section of
 # torch's libraries (libtorch_cpu.so's .dynstr, 5 MB); a larger one is a damaged or hostile object
 MAX_READ = 64 << 20
+# the most dynamic-section entries before DT_NULL any reader walks (torch's libraries have under 60)
+MAX_DYNAMIC_TAGS = 1 << 12
 # the only section/program header sizes the ELF specification defines, (32-bit, 64-bit)
 SHDR_SIZE, PHDR_SIZE = (40, 64), (32, 56)
 VERSYM_HIDDEN = 0x8000  # .gnu.version bit: not the default version (`name@V`, not `name@@V`)

@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,59 +29,25 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keel.engine.async_engine import AsyncEngine, Drained
+from keel.entrypoints.anthropic.api_router import router as messages_router
+from keel.entrypoints.anthropic.serving import AnthropicServingMessages
 from keel.entrypoints.openai.chat_completion.api_router import router as chat_router
 from keel.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 from keel.entrypoints.openai.chat_utils import TemplateRenderer
 from keel.entrypoints.openai.completion.api_router import router as completion_router
 from keel.entrypoints.openai.completion.serving import OpenAIServingCompletion
-from keel.entrypoints.openai.errors import APIError, install_handlers, log
+from keel.entrypoints.openai.errors import ANTHROPIC_PATHS, APIError, anthropic_body, install_handlers, log
 from keel.entrypoints.openai.models.api_router import router as models_router
 from keel.entrypoints.openai.openapi import install_openapi
 from keel.entrypoints.openai.readiness import start_warm_up
+from keel.entrypoints.openai.responses.api_router import router as responses_router
+from keel.entrypoints.openai.responses.serving import OpenAIServingResponses
+from keel.entrypoints.openai.responses.store import ResponseStore
+from keel.entrypoints.openai.server_config import ServerConfig
 from keel.entrypoints.openai.serving_engine import OpenAIServing, ServingConfig
 from keel.entrypoints.openai.stats import PROMETHEUS_CONTENT_TYPE, metrics_registry, render_prometheus
 from keel.entrypoints.openai.tokenize.api_router import router as tokenize_router
 from keel.structured.grammar import GrammarLimits
-
-
-@dataclass(slots=True)
-class ServerLimits:
-    """Admission and size limits of the HTTP layer."""
-
-    max_body_bytes: int = 1 << 20
-    max_tokens: int = 4096  # per request (max_tokens / max_completion_tokens)
-    max_waiting: int = 256  # requests queued beyond the engine's running batch before 503
-    max_model_len: int | None = None  # prompt + completion tokens; None: the model's context
-    # what one client may hold: a stalled write, slow headers or body, an idle connection, connections in all
-    send_timeout_s: float = 30.0  # a response write that stalls longer (client not reading) ends it
-    header_timeout_s: float = 10.0  # from connection (or the previous response) to complete request headers
-    body_timeout_s: float = 30.0  # from the first body read to the last
-    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 1024  # open connections and requests; more get 503
-    max_header_bytes: int = 64 * 1024  # request line and headers
-    # native parsers and templates, which run in workers with these bounds
-    template_timeout_s: float = 5.0  # one chat template render (its worker process is killed past it)
-    template_workers: int = 2
-    grammar_timeout_s: float = 10.0  # a request waits this long for its grammar to compile
-
-    def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens", "max_connections", "max_header_bytes", "template_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ServerLimits: {name} must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "send_timeout_s",
-            "header_timeout_s",
-            "body_timeout_s",
-            "keep_alive_s",
-            "template_timeout_s",
-            "grammar_timeout_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ServerLimits: {name} must be > 0, got {getattr(self, name)}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"ServerLimits: max_model_len must be >= 2, got {self.max_model_len}")
-        if self.max_waiting < 0:
-            raise ValueError(f"ServerLimits: max_waiting must be >= 0, got {self.max_waiting}")
 
 
 def is_loopback(host: str) -> bool:
@@ -116,8 +81,11 @@ def check_api_key(api_key: str | None) -> None:
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
 
 
-def key_matches(header: bytes, api_key: str) -> bool:
-    """`Authorization: Bearer <key>`, the scheme case-insensitive (RFC 9110), the key compared in constant time."""
+def key_matches(header: bytes, api_key: str, x_api_key: bytes = b"") -> bool:
+    """`Authorization: Bearer <key>`, the scheme case-insensitive (RFC 9110), or `x-api-key: <key>` (Anthropic's
+    header); the key compared in constant time."""
+    if x_api_key and hmac.compare_digest(x_api_key.strip(), api_key.encode()):
+        return True
     scheme, _, token = header.decode("latin-1").strip().partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"), api_key.encode())
 
@@ -141,8 +109,8 @@ def check_bind(host: str, api_key: str | None) -> None:
         )
 
 
-async def _send_error(send: Send, err: APIError) -> None:
-    body = json.dumps(err.body()).encode()
+async def _send_error(send: Send, err: APIError, path: str = "") -> None:
+    body = json.dumps(anthropic_body(err) if path.startswith(ANTHROPIC_PATHS) else err.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if err.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
@@ -175,7 +143,7 @@ class Guard:
         self.app, self.api_key, self.max_body_bytes, self.serving = app, api_key, max_body_bytes, serving
         self.send_timeout_s, self.body_timeout_s = send_timeout_s, body_timeout_s
         self.num_send_timeouts = 0
-        self.limits = ServerLimits()  # build_app sets the server's: uvicorn's connection options come from it
+        self.limits = ServerConfig()  # build_app sets the server's: uvicorn's connection options come from it
         self.on_close: list[Any] = []  # called by close(): the template workers
 
     def close(self) -> None:
@@ -191,16 +159,20 @@ class Guard:
             await _send_error(
                 send,
                 APIError(503, f"the server is shutting down ({what}); retry on another replica", code="shutting_down"),
+                scope["path"],
             )
             return
         headers = dict(scope.get("headers") or [])
         if self.api_key and scope["path"] not in OPEN_PATHS:
-            if not key_matches(headers.get(b"authorization", b""), self.api_key):
+            if not key_matches(headers.get(b"authorization", b""), self.api_key, headers.get(b"x-api-key", b"")):
                 await _send_error(
                     send,
                     APIError(
-                        401, "Incorrect or missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key"
+                        401,
+                        "Incorrect or missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)",
+                        code="invalid_api_key",
                     ),
+                    scope["path"],
                 )
                 return
         limit = self.max_body_bytes
@@ -209,7 +181,7 @@ class Guard:
             if int(declared) <= 64 * limit:  # read and drop it, so the client sees the answer, not a reset
                 while (await receive()).get("more_body"):
                     pass
-            await _send_error(send, _too_large(limit))
+            await _send_error(send, _too_large(limit), scope["path"])
             return
         seen = 0
         body_done = False
@@ -277,12 +249,20 @@ def _too_large(limit: int) -> APIError:
     )
 
 
+def agents_apis(
+    serving: OpenAIServing, limits: ServerConfig
+) -> tuple[OpenAIServingResponses, AnthropicServingMessages]:
+    """The Responses API (with the store of its responses) and Anthropic's Messages API over the serving layer."""
+    store = ResponseStore(limits.response_store_mib << 20, limits.response_store_ttl_s)
+    return OpenAIServingResponses(serving, store), AnthropicServingMessages(serving)
+
+
 def build_app(
     engine: AsyncEngine,
     *,
     model_name: str,
     api_key: str | None = None,
-    limits: ServerLimits | None = None,
+    limits: ServerConfig | None = None,
     trust_request_chat_template: bool = False,
     require_warm_up: bool = False,
 ) -> FastAPI:
@@ -292,7 +272,7 @@ def build_app(
     `require_warm_up` (what `keel serve` does) the app is not ready (`GET /v1/models` 503, code
     `not_ready`) until the engine has run a step: `run_server` sends a one-token request at start, so a
     readiness probe passes only once a request has really gone through the model."""
-    limits = limits or ServerLimits()
+    limits = limits or ServerConfig()
     check_api_key(api_key)
     llm = engine.engine
     context = llm.config.max_position_embeddings
@@ -306,20 +286,26 @@ def build_app(
         vocab_size=llm.config.vocab_size,
         max_tokens_limit=limits.max_tokens,
         trust_request_chat_template=trust_request_chat_template,
+        tool_call_parser=limits.tool_call_parser,
     )
     app = FastAPI(title="keel serve", summary="OpenAI-compatible API of keel", version="0.1.0")
     install_handlers(app)
     templates = TemplateRenderer(
         workers=limits.template_workers,
         timeout_s=limits.template_timeout_s,
+        memory_mib=limits.template_memory_mib,
         max_output_chars=max(1 << 20, 16 * cfg.max_model_len),
     )
-    serving = OpenAIServing(engine, llm.tokenizer, cfg, templates)
-    serving.grammar_limits = GrammarLimits(compile_timeout_s=limits.grammar_timeout_s)
+    serving = OpenAIServing(engine, llm.tokenizer, cfg, templates, tokenizer_threads=limits.tokenizer_threads)
+    serving.keyed = bool(api_key)  # a key the server checks names its caller (client_of)
+    serving.grammar_limits = GrammarLimits(
+        compile_timeout_s=limits.grammar_timeout_s, workers=limits.grammar_workers, memory_mib=limits.grammar_memory_mib
+    )
     app.state.engine, app.state.serving, app.state.started = engine, serving, int(time.time())
     app.state.ready, app.state.warm_up = not require_warm_up, None
     app.state.completion, app.state.chat = OpenAIServingCompletion(serving), OpenAIServingChat(serving)
-    for router in (completion_router, chat_router, models_router, tokenize_router):
+    app.state.responses, app.state.messages = agents_apis(serving, limits)
+    for router in (completion_router, chat_router, responses_router, messages_router, models_router, tokenize_router):
         app.include_router(router)
 
     @app.get("/health")
@@ -347,7 +333,7 @@ def build_app(
         body_timeout_s=limits.body_timeout_s,
     )
     guard.limits = limits
-    guard.on_close.append(serving.templates.close)
+    guard.on_close.append(serving.close)
     return guard  # type: ignore[return-value]
 
 
@@ -455,10 +441,10 @@ def _header_timed_protocol(header_timeout_s: float) -> type:
 
 
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str) -> Any:
-    """uvicorn's Config for `app` (a `Guard`), its connection limits and timeouts from the app's ServerLimits."""
+    """uvicorn's Config for `app` (a `Guard`), its connection limits and timeouts from the app's ServerConfig."""
     import uvicorn
 
-    limits: ServerLimits = getattr(app, "limits", None) or ServerLimits()
+    limits: ServerConfig = getattr(app, "limits", None) or ServerConfig()
     return uvicorn.Config(
         app,
         host=host,
@@ -488,7 +474,7 @@ def run_server(app: Any, *, host: str, port: int, log_level: str, shutdown_timeo
     return 0
 
 
-def make_async_engine(build: Callable[[], Any], limits: ServerLimits, max_num_seqs: int) -> AsyncEngine:
+def make_async_engine(build: Callable[[], Any], limits: ServerConfig, max_num_seqs: int) -> AsyncEngine:
     """The server's engine, built by `build()` on its engine thread (AsyncEngine.start says why)."""
     return AsyncEngine.start(build, max_admitted=max_num_seqs + limits.max_waiting)
 

@@ -7,51 +7,89 @@ into), and supports `continue_final_message` (the reply continues the last messa
 a new one).
 
 A template is a program, so `keel serve` never runs one on its event loop: `TemplateRenderer` renders
-in worker processes (`template_worker.py`, jinja2's sandbox) with a time limit (the worker is killed
-and replaced past it), a memory limit and an output-size limit; each failure is the request's 400.
+in sandbox worker processes (`template_worker.py`, jinja2's sandbox) with a time limit (the worker is
+killed and replaced past it), a memory limit and an output-size limit; each failure is the request's 400.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import select
-import struct
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from keel.sandbox import Busy, LimitExceeded, WorkerError, WorkerLimits, WorkerPool
+
 _RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
 
 
-def renders_tools(template: str | None) -> bool:
-    """Whether a chat template reads the `tools` variable (so tool_choice auto has something to act on)."""
-    return template is not None and "tools" in template
+MAX_JSON_DEPTH = 64  # objects / arrays nested in a tool call's arguments
+
+
+class ChatInputError(ValueError):
+    """A message field the server refuses before rendering; `field` is its path (messages.0.tool_calls...)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def json_depth(value: Any) -> int:
+    """How deep arrays / objects nest in JSON text (brackets outside strings) or in a parsed value, without
+    recursion (the value may nest 100,000 deep)."""
+    if isinstance(value, str):
+        depth = top = 0
+        in_string = escaped = False
+        for ch in value:
+            if in_string:
+                escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+            elif ch == '"':
+                in_string = True
+            elif ch in "[{":
+                depth += 1
+                top = max(top, depth)
+            elif ch in "]}":
+                depth -= 1
+        return top
+    top, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            top = max(top, depth + 1)
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return top
+
+
+def _arguments(value: Any, where: str) -> Any:
+    """A tool call's arguments as templates read them: parsed to an object when they are JSON text."""
+    depth = json_depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise ChatInputError(where, f"{where} nests {depth} levels of arrays / objects; at most {MAX_JSON_DEPTH}")
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value  # a template that prints it gets the string
+    return value
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as HF templates read them: `developer` -> `system`, tool call arguments parsed to objects."""
+    """Messages as HF templates read them: `developer` -> `system`, tool call arguments parsed to objects
+    (ChatInputError for arguments nested past MAX_JSON_DEPTH)."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         m = dict(m)
         if m.get("role") == "developer":
             m["role"] = "system"
         calls = m.get("tool_calls")
         if calls:
             fixed = []
-            for c in calls:
+            for k, c in enumerate(calls):
                 c = dict(c)
                 fn = dict(c.get("function") or {})
-                if isinstance(fn.get("arguments"), str):
-                    try:
-                        fn["arguments"] = json.loads(fn["arguments"])
-                    except json.JSONDecodeError:
-                        pass  # a template that prints it gets the string
+                if "arguments" in fn:
+                    fn["arguments"] = _arguments(fn["arguments"], f"messages.{i}.tool_calls.{k}.function.arguments")
                 c["function"] = fn
                 fixed.append(c)
             m["tool_calls"] = fixed
@@ -122,77 +160,14 @@ class TemplateError(ValueError):
     """A chat template failed, ran past its time, memory or output limit (the request's 400)."""
 
 
-_WORKER_SCRIPT = Path(__file__).with_name("template_worker.py")
-
-
-class _Worker:
-    """One template worker process; `call` is blocking (run it off the event loop)."""
-
-    def __init__(self, memory_mib: int) -> None:
-        self.memory_mib = memory_mib
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-        # -I: no PYTHONPATH, no user site, no script folder on sys.path (this folder's `tokenize` package
-        # would shadow the standard library's)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(_WORKER_SCRIPT), str(self.memory_mib)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            close_fds=True,
-        )
-        return self.proc
-
-    def kill(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-
-    def call(self, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
-        assert proc.stdin is not None and proc.stdout is not None
-        payload = json.dumps(job).encode("utf-8")
-        deadline = time.monotonic() + timeout_s
-        try:
-            proc.stdin.write(struct.pack(">I", len(payload)) + payload)
-            proc.stdin.flush()
-            fd = proc.stdout.fileno()
-            head = self._read(fd, 4, deadline)
-            (n,) = struct.unpack(">I", head)
-            return json.loads(self._read(fd, n, deadline))
-        except TimeoutError:
-            self.kill()  # the only way to stop a template mid-loop; the next call starts a fresh worker
-            raise TemplateError(
-                f"the chat template did not finish within this server's limit of {timeout_s:g} s"
-            ) from None
-        except (OSError, EOFError, ValueError, struct.error) as exc:
-            self.kill()
-            raise TemplateError(
-                f"the chat template worker failed ({type(exc).__name__}); the request was not rendered"
-            ) from exc
-
-    @staticmethod
-    def _read(fd: int, n: int, deadline: float) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError
-            chunk = os.read(fd, n - len(out))
-            if not chunk:
-                raise EOFError("the template worker exited")
-            out += chunk
-        return bytes(out)
+_WORKER_JOB = Path(__file__).with_name("template_worker.py")
 
 
 class TemplateRenderer:
-    """Chat templates rendered in `workers` killable processes, at most `timeout_s` each, `memory_mib` MiB
-    above a worker's baseline, `max_output_chars` characters of output. A request waits for a free worker
-    (at most `timeout_s` too, else a 503-worthy `TimeoutError`); the event loop never runs a template."""
+    """Chat templates rendered in `workers` sandbox processes (`keel.sandbox`), at most `timeout_s` each,
+    `memory_mib` MiB above a worker's baseline, `max_output_chars` characters of output. A request waits for
+    a free worker at most `timeout_s` too (else a 503-worthy `TimeoutError`); the event loop never runs a
+    template, and no thread of the default executor waits for one."""
 
     def __init__(
         self, *, workers: int = 2, timeout_s: float = 5.0, memory_mib: int = 512, max_output_chars: int = 1 << 20
@@ -203,50 +178,48 @@ class TemplateRenderer:
                 f"expected, got {workers}, {timeout_s}, {memory_mib}, {max_output_chars}"
             )
         self.timeout_s, self.max_output_chars = timeout_s, max_output_chars
-        self._workers = [_Worker(memory_mib) for _ in range(workers)]
-        self._idle: list[_Worker] = list(self._workers)
-        self._lock = threading.Lock()
-        self._free = threading.Semaphore(workers)
-        self.num_killed = 0  # workers killed past the time limit
+        limits = WorkerLimits(memory_mib=memory_mib, cpu_s=timeout_s, stack_mib=16)
+        self.pool = WorkerPool("template", _WORKER_JOB, workers=workers, limits=limits, max_pending=256)
 
-    def _take(self) -> _Worker:
-        if not self._free.acquire(timeout=self.timeout_s):
-            raise TimeoutError(f"every chat template worker stayed busy for {self.timeout_s:g} s")
-        with self._lock:
-            return self._idle.pop()
+    @property
+    def num_killed(self) -> int:
+        """Workers killed past a limit."""
+        return self.pool.num_killed
 
-    def _give(self, worker: _Worker) -> None:
-        with self._lock:
-            self._idle.append(worker)
-        self._free.release()
+    def _job(self, job: ChatJob) -> tuple[dict[str, Any], dict[str, float]]:
+        now = time.monotonic()
+        payload = {"source": job.source, "context": job.context, "max_output": self.max_output_chars}
+        return payload, {
+            "run_s": self.timeout_s,
+            "start_by": now + self.timeout_s,
+            "deadline": now + 2 * self.timeout_s,
+        }
+
+    def _error(self, exc: WorkerError) -> Exception:
+        if isinstance(exc, Busy):
+            return TimeoutError(f"every chat template worker stayed busy for {self.timeout_s:g} s")
+        if isinstance(exc, LimitExceeded) and exc.limit == "time":
+            return TemplateError(f"the chat template did not finish within this server's limit of {self.timeout_s:g} s")
+        if isinstance(exc, LimitExceeded):
+            return TemplateError(f"the chat template {exc}")
+        return TemplateError(str(exc))
 
     def render_sync(self, job: ChatJob) -> str:
-        worker = self._take()
+        payload, when = self._job(job)
         try:
-            alive = worker.proc is not None
-            try:
-                answer = worker.call(
-                    {"source": job.source, "context": job.context, "max_output": self.max_output_chars}, self.timeout_s
-                )
-            except TemplateError:
-                if alive and worker.proc is None:
-                    self.num_killed += 1
-                raise
-        finally:
-            self._give(worker)
-        if "error" in answer:
-            raise TemplateError(str(answer["error"]))
+            answer = self.pool.call(payload, **when)
+        except WorkerError as exc:
+            raise self._error(exc) from exc
         return finish_text(job, str(answer["text"]))
 
     async def render(self, job: ChatJob) -> str:
         """The rendered prompt text; TemplateError (400) or TimeoutError (every worker busy)."""
-        return await asyncio.to_thread(self.render_sync, job)
+        payload, when = self._job(job)
+        try:
+            answer = await self.pool.run(payload, **when)
+        except WorkerError as exc:
+            raise self._error(exc) from exc
+        return finish_text(job, str(answer["text"]))
 
     def close(self) -> None:
-        for w in self._workers:
-            if w.proc is not None and w.proc.stdin is not None:
-                try:
-                    w.proc.stdin.close()  # the worker exits on end of input
-                except OSError:
-                    pass
-            w.kill()
+        self.pool.close()

@@ -1,4 +1,5 @@
-"""Errors in OpenAI's body (`{"error": {"message", "type", "param", "code"}}`) with the right status.
+"""Errors in OpenAI's body (`{"error": {"message", "type", "param", "code"}}`) with the right status, and in
+Anthropic's (`{"type": "error", "error": {"type", "message"}}`) on the Messages API's paths (`ANTHROPIC_PATHS`).
 
 Every failure the server reports goes through `APIError`; the handlers here turn FastAPI's own
 failures (malformed JSON, schema violations, unknown routes) into the same shape, with 400 where
@@ -28,6 +29,20 @@ _TYPES = {
 }
 
 
+# Anthropic's error types by status (its API reference, "Errors")
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
 class APIError(Exception):
     """An error the API reports to its client."""
 
@@ -39,8 +54,16 @@ class APIError(Exception):
         kind = _TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
-    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+    def response(self, headers: dict[str, str] | None = None, path: str = "") -> JSONResponse:
+        body = anthropic_body(self) if path.startswith(ANTHROPIC_PATHS) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def anthropic_body(err: APIError) -> dict:
+    """The error in Anthropic's shape (the field it is about named in the message, as Anthropic's own errors do)."""
+    kind = _ANTHROPIC_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "api_error")
+    message = err.message if err.param is None or err.param in err.message else f"{err.param}: {err.message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -69,24 +92,25 @@ def install_handlers(app: FastAPI) -> None:
     """Route every error the app can raise into OpenAI's error body."""
 
     @app.exception_handler(APIError)
-    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response(path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return APIError(400, message, param=param, code="invalid_request").response()
+        return APIError(400, message, param=param, code="invalid_request").response(path=request.url.path)
 
     @app.exception_handler(json.JSONDecodeError)
-    async def _bad_json(_request: Request, exc: json.JSONDecodeError) -> JSONResponse:
-        return APIError(400, f"the request body is not valid JSON: {exc}").response()
+    async def _bad_json(request: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return APIError(400, f"the request body is not valid JSON: {exc}").response(path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # keep the exception's headers: a 405 says which methods the route takes (`Allow`)
-        return APIError(exc.status_code, str(exc.detail)).response(dict(exc.headers or {}))
+        return APIError(exc.status_code, str(exc.detail)).response(dict(exc.headers or {}), path=request.url.path)
 
     @app.exception_handler(Exception)
-    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("keel serve: internal error")
-        return APIError(500, f"internal server error: {type(exc).__name__}: {exc}").response()
+        err = APIError(500, f"internal server error: {type(exc).__name__}: {exc}")
+        return err.response(path=request.url.path)

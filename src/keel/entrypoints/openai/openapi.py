@@ -16,7 +16,10 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from keel.entrypoints.openai.errors import ANTHROPIC_PATHS
+
 _ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+_ANTHROPIC_ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/AnthropicError"}}}}
 _STATUSES = {
     "400": "Invalid request: `error.param` names the field",
     "404": "Unknown model or route",
@@ -26,7 +29,7 @@ _STATUSES = {
     "500": "The engine failed this request",
     "503": "Overloaded, shutting down, or the engine stopped; retry later",
 }
-_REQUESTS = ("CompletionRequest", "ChatCompletionRequest")
+_REQUESTS = ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest", "MessagesRequest")
 _TOKEN_LISTS = ("stop_token_ids", "allowed_token_ids")
 
 
@@ -54,7 +57,8 @@ def server_openapi(app: FastAPI, *, max_tokens: int, vocab_size: int, api_key: b
                     continue
                 if status in ("400", "408", "413") and "requestBody" not in op:
                     continue
-                responses.setdefault(status, {"description": text, **_ERROR})
+                error = _ANTHROPIC_ERROR if path.startswith(ANTHROPIC_PATHS) else _ERROR
+                responses.setdefault(status, {"description": text, **error})
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
@@ -66,7 +70,7 @@ def server_openapi(app: FastAPI, *, max_tokens: int, vocab_size: int, api_key: b
         components["ErrorResponse"].pop("$defs", None)
     for name in _REQUESTS:
         props = components.get(name, {}).get("properties", {})
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             for branch in _integer_branch(props.get(field, {})):
                 branch["maximum"] = max_tokens
         for field in _TOKEN_LISTS:

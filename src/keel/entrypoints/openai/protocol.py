@@ -218,6 +218,35 @@ class SamplingRequest(OpenAIBaseModel):
             self.stream_options and self.stream_options.include_usage and self.stream_options.continuous_usage_stats
         )
 
+    def sampling_fields(
+        self, *, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None
+    ) -> dict[str, Any]:
+        """The engine's SamplingParams fields of this request (its route gives what its API spells its own way)."""
+        top_k = self.top_k or 0
+        return {
+            "max_tokens": max_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "top_k": 0 if top_k < 0 else top_k,
+            "repetition_penalty": self.repetition_penalty or 1.0,
+            "seed": self.seed,
+            "stop": self.stop_list,
+            "ignore_eos": self.ignore_eos,
+            "min_p": self.min_p or 0.0,
+            "presence_penalty": self.presence_penalty or 0.0,
+            "frequency_penalty": self.frequency_penalty or 0.0,
+            "logit_bias": {int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            "allowed_token_ids": self.allowed_token_ids,
+            "bad_words": self.bad_words or None,
+            "stop_token_ids": self.stop_token_ids or None,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "min_tokens": self.min_tokens,
+            "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs,
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+        }
+
     def structured_sources(self) -> list[tuple[str, dict[str, Any]]]:
         """Every constraint the request sets, as (field name, StructuredOutputsParams kwargs)."""
         found: list[tuple[str, dict[str, Any]]] = []

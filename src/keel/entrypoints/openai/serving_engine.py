@@ -1,38 +1,38 @@
-"""What both generation endpoints share: model check, limits, sampling params, admission, accounting, SSE.
+"""The one request path of every generation route.
 
-`OpenAIServing.start` turns validated token prompts into engine sub-requests (one per prompt x
-choice) and returns a `Generation` that tracks each choice (text, tokens, finish reason, timings)
-and feeds the server statistics. `collect` waits for a whole generation while watching for the
-client going away; `SSEResponse` closes the generation however the stream ends, so a client that
-disconnects mid-stream aborts its requests and frees their KV blocks at once.
+A route converts its request into an `EngineRequest`: prompts (text, or token ids), the engine's sampling
+fields, candidates per prompt and output constraints, nothing of its API's shape. `OpenAIServing.generate`
+then runs every check the routes share (model, token lists, limits, logprob rules, the structured-output
+source, the bounds on untrusted input), tokenizes off the event loop, compiles the grammar in a sandbox,
+admits one engine sub-request per prompt x candidate and returns the `Generation` the route answers from
+(`respond`: whole, or as server-sent events). Checks that cost nothing run before anything that costs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
-from keel.engine.async_engine import AsyncEngine, Drained, EngineDead, Overloaded, RequestStream
+from keel.engine.async_engine import AsyncEngine, Drained, EngineDead, Overloaded
 from keel.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from keel.entrypoints.openai.chat_utils import ChatJob, TemplateError, TemplateRenderer
-from keel.entrypoints.openai.errors import APIError, bad_request, log
-from keel.entrypoints.openai.logprobs import cumulative
-from keel.entrypoints.openai.protocol import SamplingRequest, UsageInfo
+from keel.entrypoints.openai.errors import APIError, bad_request
+from keel.entrypoints.openai.generation import Choice, Generation, SSEResponse, disconnected, guarded_events
+from keel.entrypoints.openai.protocol import SamplingRequest
 from keel.entrypoints.openai.stats import ServerStats
-from keel.structured.grammar import GrammarLimits, check_spec
+from keel.entrypoints.openai.tokenizing import TokenizerPool
+from keel.structured.grammar import Compile, GrammarBusy, GrammarLimits, check_spec
 
 _SEED_SPAN = 2**64
-FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 def param_of(exc: BaseException) -> str | None:
@@ -40,114 +40,30 @@ def param_of(exc: BaseException) -> str | None:
     return getattr(exc, "field", None)
 
 
-class _NoCompiler:
-    def release(self, key: Any) -> None:
-        pass
+def client_of(raw: Request) -> str | None:
+    """Who sends a request, for the engine's per-client shares: the API key it was admitted with (a digest of
+    it, so no secret is kept), else the connection's peer address. A bearer token the server does not check
+    names nobody (clients send placeholders such as "EMPTY"), so without a server key the peer decides."""
+    serving = getattr(raw.app.state, "serving", None)
+    token = raw.headers.get("authorization", "").partition(" ")[2].strip()
+    if token and getattr(serving, "keyed", False):
+        return "key:" + hashlib.sha256(token.encode("latin-1", "replace")).hexdigest()[:16]
+    peer = raw.client
+    return None if peer is None else f"{peer.host}:{peer.port}"
+
+
+def constraints_of(
+    req: SamplingRequest, extra: list[tuple[str, dict[str, Any]]] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every output constraint an OpenAI-shaped request sets (field, StructuredOutputsParams kwargs)."""
+    try:
+        return req.structured_sources() + list(extra or [])
+    except ValueError as exc:
+        raise bad_request(str(exc), "response_format") from exc
 
 
 class ClientGone(Exception):
     """The client disconnected before its response was ready."""
-
-
-@dataclass(slots=True)
-class Choice:
-    """One choice of one prompt: what the engine produced so far for its sub-request."""
-
-    index: int
-    prompt_index: int
-    prompt_tokens: int
-    prompt_token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    finish_reason: FinishReason | None = None
-    last_token_s: float | None = None
-    logprobs: list[dict[int, Any]] = field(default_factory=list)  # one {token id: Logprob} per output token
-    prompt_logprobs: list[dict[int, Any] | None] | None = None  # element 0 is None
-
-
-@dataclass
-class Generation:
-    """All sub-requests of one API request, their per-choice state and the stream they come on."""
-
-    serving: OpenAIServing
-    request_id: str
-    stream: RequestStream
-    choices: dict[str, Choice]
-    arrival_s: float
-    created: int = field(default_factory=lambda: int(time.time()))
-    keep: int | None = None  # best_of > n: keep the n candidates of highest cumulative logprob per prompt
-    _best: list[Choice] | None = None
-
-    async def outputs(self) -> AsyncIterator[tuple[Choice, Any]]:
-        """(choice, engine output) pairs, after updating the choice and the server statistics."""
-        stats = self.serving.stats
-        async for out in self.stream:
-            choice = self.choices[out.request_id]
-            now = time.perf_counter()
-            if out.new_token_ids:
-                if choice.last_token_s is None:
-                    stats.ttft_s.observe(now - self.arrival_s)
-                else:
-                    stats.itl_s.observe(now - choice.last_token_s)
-                choice.last_token_s = now
-            choice.text = out.text
-            choice.token_ids = out.token_ids
-            choice.completion_tokens = len(out.token_ids)
-            if out.logprobs is not None:
-                choice.logprobs = out.logprobs
-            if out.prompt_logprobs is not None:
-                choice.prompt_logprobs = out.prompt_logprobs
-            choice.cached_tokens = out.num_cached_tokens or 0
-            if out.finished:
-                error = getattr(out, "error", None)
-                if out.finish_reason == "error" or error is not None:  # this request failed alone
-                    raise APIError(
-                        500, f"the engine failed this request: {error or 'unknown error'}", code="engine_error"
-                    )
-                if out.finish_reason != "stop" and out.finish_reason != "length":
-                    raise APIError(503, f"the engine ended the request ({out.finish_reason}); retry later")
-                choice.finish_reason = "stop" if out.finish_reason == "stop" else "length"  # checked above
-                stats.finished[out.finish_reason] += 1
-                stats.e2e_s.observe(now - self.arrival_s)
-            yield choice, out
-
-    def usage(self) -> UsageInfo:
-        prompts: dict[int, Choice] = {}
-        for c in self.choices.values():
-            seen = prompts.get(c.prompt_index)
-            if seen is None or c.cached_tokens > seen.cached_tokens:
-                prompts[c.prompt_index] = c
-        prompt_tokens = sum(c.prompt_tokens for c in prompts.values())
-        completion = sum(c.completion_tokens for c in self.choices.values())
-        cached = sum(c.cached_tokens for c in prompts.values())
-        return UsageInfo(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion,
-            total_tokens=prompt_tokens + completion,
-            prompt_tokens_details={"cached_tokens": cached},
-        )
-
-    def ordered(self) -> list[Choice]:
-        """The choices in index order; with best_of > n, the n best of each prompt, re-indexed."""
-        every = sorted(self.choices.values(), key=lambda c: c.index)
-        if self.keep is None:
-            return every
-        if self._best is not None:
-            return self._best
-        out: list[Choice] = []
-        for p in sorted({c.prompt_index for c in every}):
-            cands = [c for c in every if c.prompt_index == p]
-            cands.sort(key=lambda c: (-cumulative(c.token_ids, c.logprobs), c.index))
-            for rank, c in enumerate(cands[: self.keep]):
-                c.index = p * self.keep + rank
-                out.append(c)
-        self._best = out  # usage still counts every candidate's tokens (they were all generated)
-        return out
-
-    def close(self) -> None:
-        self.stream.close()
 
 
 @dataclass(slots=True)
@@ -159,19 +75,63 @@ class ServingConfig:
     vocab_size: int
     max_tokens_limit: int
     trust_request_chat_template: bool = False  # vLLM's --trust-request-chat-template
+    tool_call_parser: str = "auto"  # how tool_choice auto reads calls (tool_parsers.PARSER_CHOICES)
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """One API request in the engine's terms: what a route hands `OpenAIServing.generate`."""
+
+    kind: str  # the response id's prefix ("cmpl", "chatcmpl", ...)
+    model: str | None  # the model the client named (None: the API names none)
+    prompts: list[str | list[int]]  # text (tokenized by the serving layer) or token ids
+    sampling: dict[str, Any]  # SamplingParams' fields; a max_tokens of None takes `default_max_tokens`
+    n: int = 1  # choices returned per prompt
+    best_of: int | None = None  # candidates per prompt (the n of highest cumulative logprob are kept)
+    default_max_tokens: int | None = None  # None: what the context leaves, at most the server's limit
+    add_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None  # keep the last k prompt tokens (-1: the context)
+    constraints: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (field, constraint) found
+    request_id: str | None = None  # the client's id for the response
+    client: str | None = None  # who asks (API key, else the peer's address): the engine's fairness unit
+    connection: Request | None = None  # the HTTP request: its client going away cancels the grammar's compile
+    prompt_field: str = "prompt"  # the request field errors about the prompt name
+    fields: dict[str, str] = field(default_factory=dict)  # engine field -> the request's name for it
+
+    def param(self, name: str | None) -> str | None:
+        return None if name is None else self.fields.get(name, name)
 
 
 class OpenAIServing:
-    """Shared logic of /v1/completions and /v1/chat/completions."""
+    """The serving layer every generation route shares (`generate`), with the pools it owns: chat template
+    workers, the tokenizer threads and (through the engine) the grammar workers."""
 
     def __init__(
-        self, engine: AsyncEngine, tokenizer: Any, config: ServingConfig, templates: TemplateRenderer | None = None
+        self,
+        engine: AsyncEngine,
+        tokenizer: Any,
+        config: ServingConfig,
+        templates: TemplateRenderer | None = None,
+        *,
+        tokenizer_threads: int = 1,
     ) -> None:
         self.engine, self.tokenizer, self.config = engine, tokenizer, config
         self.templates = templates or TemplateRenderer(max_output_chars=max(1 << 20, 16 * config.max_model_len))
+        self.tokens = TokenizerPool(tokenizer, config.max_model_len, threads=tokenizer_threads)
         self.grammar_limits = GrammarLimits()
         self.stats = ServerStats()  # what the HTTP layer counts (event-loop side only)
         self.draining = False  # set on SIGTERM / SIGINT: new requests get 503
+        self.keyed = False  # the server checks an API key (build_app sets it)
+
+    def close(self) -> None:
+        """Stop the worker pools this layer owns, and the engine's grammar workers it started."""
+        self.templates.close()
+        self.tokens.close()
+        grammars = getattr(self.engine.engine, "_grammars", None)
+        if grammars is not None:
+            grammars.close()
+
+    # ---- what routes call before they have an EngineRequest -------------------------------------
 
     def check_chat_template(self, template: str | None) -> None:
         """A request's own chat template runs only where the operator allowed it."""
@@ -192,219 +152,262 @@ class OpenAIServing:
         except TimeoutError as exc:
             raise APIError(503, f"{exc}; retry later", code="server_overloaded") from exc
 
-    async def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        """Token ids of `text`, tokenized off the event loop (a long prompt takes a while)."""
-        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+    async def encode(self, text: str, *, add_special_tokens: bool, field: str = "prompt") -> list[int]:
+        """Token ids of `text`, off the event loop; a 400 naming `field` when it cannot fit the context."""
+        return await self.tokens.encode(text, add_special_tokens=add_special_tokens, field=field)
 
-    def check_model(self, req: SamplingRequest) -> None:
-        if req.model != self.config.model_name:
+    # ---- the one path --------------------------------------------------------------------------
+
+    async def generate(self, req: EngineRequest) -> Generation:
+        """Check, tokenize, compile and admit `req`; a client mistake is a 4xx naming its field."""
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another replica", code="shutting_down")
+        self.check_model(req.model)
+        base = self._base_params(req)
+        fan = req.best_of or req.n
+        if fan > req.n and base.logprobs is None:
+            base = dataclasses.replace(base, logprobs=0)  # ranking candidates needs their tokens' logprobs
+        constraint = self._constraint(req)
+        if req.truncate_prompt_tokens is None:  # every prompt's length before any is tokenized
+            for prompt in req.prompts:
+                if isinstance(prompt, str):
+                    self.tokens.check_length(prompt, req.prompt_field)
+        if base.bad_words:
+            base = dataclasses.replace(base, bad_words_token_ids=await self.tokens.bad_words(base.bad_words))
+        self._check_samplable(req, base, constraint is not None)
+        prompts = [await self._prompt_ids(req, i, p) for i, p in enumerate(req.prompts)]
+        max_tokens = [self._max_tokens(req, len(ids)) for ids in prompts]
+        self._check_fan(req, len(prompts) * fan, fan)
+        spec = None if constraint is None else constraint[1]
+        params = [
+            self._choice_params(req, base, max_tokens[p], j, spec) for p in range(len(prompts)) for j in range(fan)
+        ]
+        compiled = None if constraint is None else await self._compile(constraint[1], constraint[0], req.connection)
+        try:
+            gen = await self._admit(req, prompts, params, fan)
+        finally:
+            if compiled is not None:
+                compiled.compiler.release(compiled.key)  # the engine copied the template (or refused the request)
+        gen.fields = {**req.fields, **({"structured_outputs": constraint[0]} if constraint else {})}
+        return gen
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.config.model_name:
             raise APIError(
                 404,
-                f"The model `{req.model}` does not exist; this server serves `{self.config.model_name}`",
+                f"The model `{model}` does not exist; this server serves `{self.config.model_name}`",
                 param="model",
                 code="model_not_found",
             )
 
-    def check_prompt_ids(self, ids: list[int], where: str) -> None:
-        vocab = self.config.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise bad_request(f"{where} has token ids outside [0, {vocab}) (the vocabulary)", "prompt")
-
-    def max_tokens_for(self, req: SamplingRequest, requested: int | None, prompt_len: int, default: int | None) -> int:
-        """Validate the prompt length and max_tokens against the context and the server limit."""
-        ctx, cap = self.config.max_model_len, self.config.max_tokens_limit
-        if prompt_len >= ctx:
-            raise bad_request(
-                f"This model's maximum context length is {ctx} tokens, but the prompt has "
-                f"{prompt_len} tokens (at most {ctx - 1} fit, with room for one new token)",
-                "messages" if hasattr(req, "messages") else "prompt",
-            )
+    def _base_params(self, req: EngineRequest) -> SamplingParams:
+        """The request's SamplingParams before its prompts are known (max_tokens checked against the server's
+        limit; each choice's own max_tokens and seed come later): the engine's range checks, and the token
+        lists against the vocabulary, before anything costly runs."""
+        kw = dict(req.sampling)
+        requested = kw.get("max_tokens")
+        cap = self.config.max_tokens_limit
         if requested is not None and requested > cap:
-            raise bad_request(f"max_tokens is {requested}; this server allows at most {cap}", "max_tokens")
-        if requested is not None and prompt_len + requested > ctx:
-            raise bad_request(
-                f"This model's maximum context length is {ctx} tokens; you requested "
-                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for "
-                f"the completion). Lower max_tokens or the prompt.",
-                "max_tokens",
-            )
-        if requested is not None:
-            return requested
-        room = ctx - prompt_len
-        return min(cap, room) if default is None else min(default, cap, room)
-
-    def check_token_list(self, ids: list[int] | None, field_name: str) -> None:
+            raise bad_request(f"max_tokens is {requested}; this server allows at most {cap}", req.param("max_tokens"))
+        kw["max_tokens"] = cap if requested is None else requested
         vocab = self.config.vocab_size
-        bad = [t for t in ids or [] if not 0 <= t < vocab]
-        if bad:
-            raise bad_request(
-                f"{field_name} has token ids outside [0, {vocab}) (the vocabulary): {bad[:8]}", field_name
-            )
-
-    def structured(
-        self, req: SamplingRequest, extra: list[tuple[str, dict[str, Any]]] | None = None
-    ) -> tuple[str | None, StructuredOutputsParams | None]:
-        """The request's one output constraint: (the request field that sets it, StructuredOutputsParams), or
-        (None, None). A spec past the grammar limits is refused here, before anything compiles it."""
+        for name in ("stop_token_ids", "allowed_token_ids", "logit_bias"):
+            ids = [int(t) for t in kw.get(name) or ()]
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise bad_request(
+                    f"{req.param(name)} has token ids outside [0, {vocab}) (the vocabulary): {bad[:8]}", req.param(name)
+                )
         try:
-            sources = req.structured_sources() + list(extra or [])
-        except ValueError as exc:
-            raise bad_request(str(exc), "response_format") from exc
-        if not sources:
-            return None, None
-        if len(sources) > 1:
-            names = ", ".join(name for name, _ in sources)
-            raise bad_request(f"one output constraint per request; this one sets {names}", sources[1][0])
-        name, kwargs = sources[0]
+            return SamplingParams(**kw)
+        except (ValueError, TypeError) as exc:
+            raise bad_request(str(exc), req.param(param_of(exc))) from exc
+
+    def _constraint(self, req: EngineRequest) -> tuple[str, StructuredOutputsParams] | None:
+        """The request's one output constraint (the field that sets it, its spec), past the static grammar
+        limits; None without one."""
+        if not req.constraints:
+            return None
+        if len(req.constraints) > 1:
+            names = ", ".join(name for name, _ in req.constraints)
+            raise bad_request(f"one output constraint per request; this one sets {names}", req.constraints[1][0])
+        name, kwargs = req.constraints[0]
         try:
             spec = StructuredOutputsParams(**kwargs)
             check_spec(spec.kind, getattr(spec, spec.kind), self.grammar_limits)
         except (ValueError, TypeError) as exc:
-            field = (param_of(exc) or name) if name == "structured_outputs" else name
-            raise bad_request(f"{name}: {exc}" if field == name else str(exc), field) from exc
+            field_name = (param_of(exc) or name) if name == "structured_outputs" else name
+            raise bad_request(f"{name}: {exc}" if field_name == name else str(exc), field_name) from exc
         return name, spec
 
-    def sampling_params(
-        self,
-        req: SamplingRequest,
-        max_tokens: int,
-        choice: int,
-        *,
-        logprobs: int | None = None,
-        prompt_logprobs: int | None = None,
-        structured: Any = None,
-    ) -> Any:
-        """The engine's SamplingParams of one choice; a value it refuses is a 400 naming the field."""
-        seed = req.seed
-        if seed is not None and choice:
-            seed = (seed + choice) % _SEED_SPAN  # distinct, reproducible seeds per choice
-        top_k = req.top_k or 0
-        kwargs: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "temperature": 1.0 if req.temperature is None else req.temperature,
-            "top_p": 1.0 if req.top_p is None else req.top_p,
-            "top_k": 0 if top_k < 0 else top_k,
-            "repetition_penalty": req.repetition_penalty or 1.0,
-            "seed": seed,
-            "stop": req.stop_list,
-            "ignore_eos": req.ignore_eos,
-            "min_p": req.min_p or 0.0,
-            "presence_penalty": req.presence_penalty or 0.0,
-            "frequency_penalty": req.frequency_penalty or 0.0,
-            "logit_bias": {int(k): float(v) for k, v in req.logit_bias.items()} if req.logit_bias else None,
-            "allowed_token_ids": req.allowed_token_ids,
-            "bad_words": req.bad_words or None,
-            "stop_token_ids": req.stop_token_ids or None,
-            "include_stop_str_in_output": req.include_stop_str_in_output,
-            "min_tokens": req.min_tokens,
-            "logprobs": logprobs,
-            "prompt_logprobs": prompt_logprobs,
-            "skip_special_tokens": req.skip_special_tokens,
-            "spaces_between_special_tokens": req.spaces_between_special_tokens,
-            "structured_outputs": structured,
-        }
-        try:
-            return SamplingParams(**kwargs)
-        except (ValueError, TypeError) as exc:
-            raise bad_request(str(exc), param_of(exc)) from exc
-
-    async def prepare_grammar(self, spec: StructuredOutputsParams, field_name: str | None) -> tuple[Any, Any]:
-        """Compile a request's grammar on the grammar workers (big stack, off the engine thread) and pin it
-        until the engine has added the request: the request waits for its grammar (at most the compile
-        timeout), the batch does not. Returns (compiler, key) to release."""
-        grammars = getattr(self.engine.engine, "grammars", None)
-        if grammars is None:  # an engine without structured outputs (a test double)
-            return _NoCompiler(), None
-        compiler = await asyncio.to_thread(grammars)  # built on first use (the llguidance tokenizer, ~1 s)
-        kind = spec.kind
-        name = field_name or "structured_outputs"
-        try:
-            future = compiler.prepare(kind, getattr(spec, kind))
-        except RuntimeError as exc:
-            raise APIError(503, str(exc), code="server_overloaded") from exc
-        timeout = self.grammar_limits.compile_timeout_s
-        try:
-            key = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
-        except asyncio.TimeoutError as exc:
-            # the worker cannot be interrupted: it finishes in the background, and unpins what it made
-            future.add_done_callback(lambda f: f.exception() is None and compiler.release(f.result()))
+    def _check_samplable(self, req: EngineRequest, p: SamplingParams, constrained: bool) -> None:
+        """A 400 naming the fields when they leave no token to sample at the first step."""
+        if p.allowed_token_ids is None:
+            return
+        always = {seq[0] for seq in p.bad_words_token_ids or () if len(seq) == 1}
+        left = set(p.allowed_token_ids) - always
+        if not left:
             raise bad_request(
-                f"{name}: the grammar did not compile within this server's limit of {timeout:g} s", name
-            ) from exc
-        except ValueError as exc:
-            raise bad_request(str(exc), param_of(exc) if name == "structured_outputs" else name) from exc
-        return compiler, key
+                f"{req.param('allowed_token_ids')} and {req.param('bad_words')} leave no token to sample: every "
+                f"allowed token is a bad word",
+                req.param("allowed_token_ids"),
+            )
+        ends = set(getattr(self.engine.engine, "eos_token_ids", ())) | set(p.stop_token_ids or ())
+        if p.min_tokens and not constrained and not left - ends:
+            raise bad_request(
+                f"{req.param('min_tokens')} ({p.min_tokens}) and {req.param('allowed_token_ids')} leave no token "
+                f"to sample: before min_tokens the end-of-sequence and stop tokens are masked, and they are the only "
+                f"allowed tokens",
+                req.param("min_tokens"),
+            )
 
-    def truncate(self, req: SamplingRequest, ids: list[int]) -> list[int]:
-        """vLLM's truncate_prompt_tokens: keep the last k prompt tokens (-1: the model's context)."""
+    async def _prompt_ids(self, req: EngineRequest, index: int, prompt: str | list[int]) -> list[int]:
+        where = f"{req.prompt_field} {index}" if len(req.prompts) > 1 else req.prompt_field
+        if isinstance(prompt, str):
+            # with truncation the text may be longer than the context: only the tokenizer knows where to cut
+            bounded = req.truncate_prompt_tokens is None
+            ids = await self.tokens.encode(
+                prompt, add_special_tokens=req.add_special_tokens, field=req.prompt_field, bounded=bounded
+            )
+            if not ids:
+                raise bad_request(f"{where} tokenizes to no tokens", req.prompt_field)
+        else:
+            ids = list(prompt)
+            vocab = self.config.vocab_size
+            if any(not 0 <= t < vocab for t in ids):
+                raise bad_request(f"{where} has token ids outside [0, {vocab}) (the vocabulary)", req.prompt_field)
         k = req.truncate_prompt_tokens
         if k is None:
             return ids
         k = self.config.max_model_len if k == -1 else k
         if k < 1:
-            raise bad_request("truncate_prompt_tokens must be -1 or >= 1", "truncate_prompt_tokens")
+            raise bad_request("truncate_prompt_tokens must be -1 or >= 1", req.param("truncate_prompt_tokens"))
         return ids[-k:]
 
-    async def start(
-        self,
-        prefix: str,
-        req: SamplingRequest,
-        prompts: list[list[int]],
-        params_of: Callable[[int, int], Any],
-        constraint: str | None = None,
-    ) -> Generation:
-        """Admit one sub-request per prompt x candidate (best_of or n); map admission and engine errors.
-        `constraint` names the request field of the output constraint (its compile errors' `param`)."""
-        if self.draining:
-            raise APIError(503, "the server is shutting down; retry on another replica", code="shutting_down")
-        arrival = time.perf_counter()
-        rid = f"{prefix}-{uuid.uuid4().hex}"
-        fan = req.best_of or req.n
-        ids, prompt_ids, params, choices = [], [], [], {}
-        for p, ptoks in enumerate(prompts):
-            for j in range(fan):
-                index = p * fan + j
-                sub = f"{rid}-{index}"
-                ids.append(sub)
-                prompt_ids.append(ptoks)
-                params.append(params_of(p, j))
-                choices[sub] = Choice(index=index, prompt_index=p, prompt_tokens=len(ptoks), prompt_token_ids=ptoks)
+    def _max_tokens(self, req: EngineRequest, prompt_len: int) -> int:
+        """The prompt against the context, and max_tokens (asked, else the default) against what is left."""
+        ctx, cap = self.config.max_model_len, self.config.max_tokens_limit
+        requested = req.sampling.get("max_tokens")
+        if prompt_len >= ctx:
+            raise bad_request(
+                f"This model's maximum context length is {ctx} tokens, but the prompt has "
+                f"{prompt_len} tokens (at most {ctx - 1} fit, with room for one new token)",
+                req.prompt_field,
+            )
+        if requested is not None and prompt_len + requested > ctx:
+            raise bad_request(
+                f"This model's maximum context length is {ctx} tokens; you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for "
+                f"the completion). Lower max_tokens or the prompt.",
+                req.param("max_tokens"),
+            )
+        if requested is not None:
+            return int(requested)
+        room = ctx - prompt_len
+        return min(cap, room) if req.default_max_tokens is None else min(req.default_max_tokens, cap, room)
+
+    def _check_fan(self, req: EngineRequest, total: int, fan: int) -> None:
         bound = self.engine.max_admitted
-        if len(ids) > bound:  # 503 would say "retry later" to a request no retry can ever get admitted
+        if total > bound:  # 503 would say "retry later" to a request no retry can ever get admitted
             what = f"n={req.n}" if fan == req.n else f"best_of={fan}"
             raise bad_request(
-                f"this request asks for {len(ids)} sequences ({len(prompts)} prompt(s) x {what}); this "
+                f"this request asks for {total} sequences ({len(req.prompts)} prompt(s) x {what}); this "
                 f"server admits at most {bound} at once (--max-num-seqs + --max-waiting): lower n or send "
                 f"fewer prompts per request",
-                "n" if fan == req.n else "best_of",
+                req.param("n") if fan == req.n else req.param("best_of"),
             )
-        specs = {p.structured_outputs.key(): p.structured_outputs for p in params if p.structured_outputs is not None}
-        prepared = [await self.prepare_grammar(spec, constraint) for spec in specs.values()]
+
+    def _choice_params(
+        self, req: EngineRequest, base: SamplingParams, max_tokens: int, choice: int, spec: Any
+    ) -> SamplingParams:
+        seed = base.seed
+        if seed is not None and choice:
+            seed = (seed + choice) % _SEED_SPAN  # distinct, reproducible seeds per choice
         try:
-            stream = await self.engine.open(ids, prompt_ids, params)
+            return dataclasses.replace(base, max_tokens=max_tokens, seed=seed, structured_outputs=spec)
+        except (ValueError, TypeError) as exc:
+            raise bad_request(str(exc), req.param(param_of(exc))) from exc
+
+    async def _compile(
+        self, spec: StructuredOutputsParams, field_name: str, connection: Request | None = None
+    ) -> Compile | None:
+        """Compile the request's grammar in a sandbox worker and pin its template until the engine has added
+        the request: the request waits for its grammar (at most the compile timeout; its compile is killed
+        then, or when the client goes away), the running batch does not."""
+        grammars = getattr(self.engine.engine, "grammars", None)
+        if grammars is None:  # an engine without structured outputs (a test double)
+            return None
+        compiler = await asyncio.to_thread(grammars)  # built on first use (the llguidance tokenizer, ~1 s)
+        if compiler.limits != self.grammar_limits:
+            compiler.configure(self.grammar_limits)
+        timeout = self.grammar_limits.compile_timeout_s
+        try:
+            handle = compiler.prepare(spec.kind, getattr(spec, spec.kind), time.monotonic() + timeout)
+        except GrammarBusy as exc:
+            raise APIError(503, str(exc), code="server_overloaded") from exc
+        except ValueError as exc:
+            raise bad_request(str(exc), param_of(exc) if field_name == "structured_outputs" else field_name) from exc
+        done = asyncio.ensure_future(asyncio.wait_for(asyncio.shield(asyncio.wrap_future(handle.future)), timeout + 1))
+        gone = asyncio.ensure_future(disconnected(connection)) if connection is not None else None
+        try:
+            await asyncio.wait({done} | ({gone} if gone else set()), return_when=asyncio.FIRST_COMPLETED)
+            if not done.done():
+                raise APIError(499, "the client closed the request while its grammar compiled", code="client_closed")
+            done.result()  # the worker is killed at the deadline; what compiled is built here too, as long again
+            return handle
+        except asyncio.TimeoutError as exc:
+            raise bad_request(
+                f"{field_name}: the grammar did not compile within this server's limit of {timeout:g} s", field_name
+            ) from exc
+        except GrammarBusy as exc:
+            raise APIError(503, str(exc), code="server_overloaded") from exc
+        except ValueError as exc:
+            raise bad_request(str(exc), param_of(exc) if field_name == "structured_outputs" else field_name) from exc
+        finally:
+            for task in (done, gone):
+                if task is not None and not task.done():
+                    task.cancel()
+            if not handle.future.done() or handle.future.cancelled() or handle.future.exception() is not None:
+                handle.cancel()
+
+    async def _admit(
+        self, req: EngineRequest, prompts: list[list[int]], params: list[SamplingParams], fan: int
+    ) -> Generation:
+        arrival = time.perf_counter()
+        rid = f"{req.kind}-{uuid.uuid4().hex}"
+        ids, prompt_ids, choices = [], [], {}
+        for p, ptoks in enumerate(prompts):
+            for j in range(fan):
+                sub = f"{rid}-{p * fan + j}"
+                ids.append(sub)
+                prompt_ids.append(ptoks)
+                choices[sub] = Choice(
+                    index=p * fan + j, prompt_index=p, prompt_tokens=len(ptoks), prompt_token_ids=ptoks
+                )
+        try:
+            stream = await self.engine.open(ids, prompt_ids, params, client=req.client)
         except Overloaded as exc:
             raise APIError(503, str(exc), code="server_overloaded") from exc
         except EngineDead as exc:
             raise APIError(503, str(exc), code="engine_dead") from exc
         except (ValueError, TypeError) as exc:
-            raise bad_request(str(exc), param_of(exc)) from exc
-        finally:
-            for compiler, key in prepared:
-                compiler.release(key)  # the engine copied the template (or refused the request)
-        gen = Generation(self, f"{prefix}-{req.request_id}" if req.request_id else rid, stream, choices, arrival)
+            raise bad_request(str(exc), req.param(param_of(exc))) from exc
+        gen = Generation(self, f"{req.kind}-{req.request_id}" if req.request_id else rid, stream, choices, arrival)
         gen.keep = req.n if fan > req.n else None
         return gen
+
+    # ---- answering -----------------------------------------------------------------------------
 
     async def respond(
         self,
         raw: Request,
-        req: SamplingRequest,
+        stream: bool,
         gen: Generation,
         events: Callable[[], AsyncIterator[str]],
         body: Callable[[], Any],
     ) -> Response:
         """The answer: SSE from `events()` when streaming, else `body()` once the generation is complete."""
-        if req.stream:
+        if stream:
             return SSEResponse(guarded_events(events()), gen.close)
         try:
             await self.collect(raw, gen)
@@ -422,7 +425,7 @@ class OpenAIServing:
                 pass
 
         work = asyncio.ensure_future(consume())
-        gone = asyncio.ensure_future(_disconnected(raw))
+        gone = asyncio.ensure_future(disconnected(raw))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -433,49 +436,3 @@ class OpenAIServing:
         if not work.done() or work.cancelled():
             raise ClientGone()
         work.result()  # re-raise engine / API errors
-
-
-async def _disconnected(raw: Request) -> None:
-    while (await raw.receive())["type"] != "http.disconnect":
-        pass
-
-
-def sse(data: Any) -> str:
-    """One server-sent event carrying JSON (a pydantic model or a plain object)."""
-    body = data.model_dump_json(exclude_unset=False) if hasattr(data, "model_dump_json") else json.dumps(data)
-    return f"data: {body}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
-class SSEResponse(StreamingResponse):
-    """A text/event-stream response that runs `on_close` however it ends (done, error, disconnect)."""
-
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
-
-
-async def guarded_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Pass events through; an error after the headers went out becomes an error event, then [DONE]."""
-    try:
-        async for event in events:
-            yield event
-    except APIError as exc:
-        yield sse(exc.body())
-        yield SSE_DONE
-    except EngineDead as exc:  # the engine stopped, or a drain ran out of time
-        code = "shutting_down" if isinstance(exc, Drained) else "engine_dead"
-        yield sse(APIError(503, str(exc), code=code).body())
-        yield SSE_DONE
-    except Exception as exc:  # the engine failed mid-request: tell the client in the stream
-        log.exception("keel serve: engine error while streaming")
-        yield sse(APIError(500, f"internal server error: {type(exc).__name__}: {exc}").body())
-        yield SSE_DONE

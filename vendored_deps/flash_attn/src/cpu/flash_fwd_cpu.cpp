@@ -10,7 +10,7 @@
 // log-sum-exp); combine() merges them and counts what it merged (run_mha_fwd returns the count:
 // flash::last_splitkv_stats).
 //
-// Summation order (issue 27): a query row's output depends only on its own query, keys and values, never on
+// Summation order: a query row's output depends only on its own query, keys and values, never on
 // the call: key tiles end at multiples of 16 keys (and at page ends: page sizes that are multiples of 16 give
 // the same tiles paged or contiguous), keys a row does not see add exact zeros, and no per-row step depends on
 // which other rows, heads or sequences share the item or the call. So a query gives the same bits in a

@@ -24,7 +24,7 @@ static inline int cpu_block_m(const Flash_fwd_params& p) {
 // kv heads per CPU work item: all of them when the item's rows (query positions x heads) fit in 256 (decode,
 // short chunks), so every page of the cache is read once, unless that leaves fewer items than threads: then the
 // largest divisor of h_k that gives every thread an item. The work spreads over the kv heads, not along the keys:
-// a key split (split-K) merges partial softmaxes, which changes a query's bits with the split count (issue 27: a
+// a key split (split-K) merges partial softmaxes, which changes a query's bits with the split count (a
 // query's output must not depend on the call, the batch or the thread count), so the CPU splits only when asked.
 // A query row's arithmetic does not depend on which kv heads share its item.
 static inline int cpu_kv_heads_per_item(const Flash_fwd_params& p, int num_threads) {

@@ -1,9 +1,9 @@
 """`/v1/chat/completions`: render the conversation with the chat template, run it, answer whole or as SSE.
 
-Tools: `tool_choice` "required" and a named function constrain the output with a JSON schema of the
-call (the grammar engine, so any model returns a valid call); "auto" parses the Hermes-style
-`<tool_call>` blocks of models whose template renders tools (Qwen2.5/Qwen3); "none" parses nothing.
-Calls come back as OpenAI's `message.tool_calls` / streamed `delta.tool_calls`.
+Tools are planned as for every API (`conversation.prepare`): "required" and a named function constrain the output
+with a JSON schema of the call (the grammar engine, so any model returns a valid call); "auto" reads the model
+family's format (`--tool-call-parser`); "none" reads nothing. The parser's events come back as OpenAI's
+`message.tool_calls`, or streamed as `delta.tool_calls` whose arguments arrive as the model writes them.
 """
 
 from __future__ import annotations
@@ -24,85 +24,77 @@ from keel.entrypoints.openai.chat_completion.protocol import (
     DeltaMessage,
     NamedToolChoice,
 )
-from keel.entrypoints.openai.chat_utils import chat_job, renders_tools
-from keel.entrypoints.openai.errors import bad_request
+from keel.entrypoints.openai.conversation import Conversation, Prepared, prepare
+from keel.entrypoints.openai.generation import SSE_DONE, Choice, Generation, sse
 from keel.entrypoints.openai.logprobs import chat_content, vllm_prompt_logprobs
-from keel.entrypoints.openai.serving_engine import SSE_DONE, Choice, Generation, OpenAIServing, sse
-from keel.entrypoints.openai.tool_parsers import (
-    HermesStreamParser,
-    ToolCall,
-    calls_from_required,
-    parse_hermes,
-    required_schema,
-)
+from keel.entrypoints.openai.serving_engine import EngineRequest, OpenAIServing, client_of, constraints_of
+from keel.entrypoints.openai.tool_parsers import ArgsDelta, CallStart, Event, Text, TextGate, ToolParser, ToolPlan
 
 
 class OpenAIServingChat:
     def __init__(self, serving: OpenAIServing) -> None:
         self.serving = serving
 
-    async def prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
-        """The request's prompt: the conversation (and tools) through the chat template, tokenized."""
-        s = self.serving
-        s.check_chat_template(req.chat_template)
-        mode = req.tool_mode
-        if mode == "auto" and not renders_tools(req.chat_template or s.tokenizer.chat_template):
-            raise bad_request(
-                "tool_choice auto (the default with tools) needs a chat template that renders tools, and this "
-                "model's does not; send tool_choice required or a named function (enforced by the grammar "
-                "engine), or a chat_template that renders tools",
-                "tool_choice",
-            )
-        try:
-            job = chat_job(
-                s.tokenizer,
-                req.conversation(),
-                tools=req.tool_specs() or None,
-                documents=req.documents,
-                add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                chat_template=req.chat_template,
-                chat_template_kwargs=req.chat_template_kwargs,
-            )
-        except ValueError as exc:  # no chat template, or the request's template fields disagree
-            raise bad_request(f"cannot apply the chat template: {exc}", "messages") from exc
-        text = await s.render_template(job)
-        ids = await s.encode(text, add_special_tokens=req.add_special_tokens)
-        if not ids:
-            raise bad_request("the rendered conversation has no tokens", "messages")
-        return s.truncate(req, ids)
+    async def prepare(self, req: ChatCompletionRequest) -> Prepared:
+        """The request's prompt (the conversation and tools through the chat template) and its tool plan."""
+        named = req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
+        choice = "named" if named else (req.tool_choice if isinstance(req.tool_choice, str) else None)
+        conv = Conversation(
+            messages=req.conversation(),
+            tools=req.tool_specs(),
+            tool_choice=choice,
+            function=named,
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            documents=req.documents,
+            chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+        )
+        return await prepare(self.serving, conv)
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         s = self.serving
-        s.check_model(req)
-        ids = await self.prompt_ids(req)
-        for name in ("stop_token_ids", "allowed_token_ids"):
-            s.check_token_list(getattr(req, name), name)
-        s.check_token_list([int(k) for k in req.logit_bias or {}], "logit_bias")
-        max_tokens = s.max_tokens_for(req, req.max_new_tokens, len(ids), default=None)
-        extra: list[tuple[str, dict[str, Any]]] = []
-        specs = [t.function for t in req.tools or []]
-        if req.tool_mode == "required":
-            tools = [{"name": f.name, "parameters": f.parameters} for f in specs]
-            extra.append(("tool_choice", {"json": required_schema(tools, req.parallel_tool_calls is not False)}))
-        elif req.tool_mode == "named":
-            assert isinstance(req.tool_choice, NamedToolChoice)
-            fn = next(f for f in specs if f.name == req.tool_choice.function.name)  # checked by the request
-            extra.append(("tool_choice", {"json": fn.parameters or {"type": "object", "properties": {}}}))
-        constraint, structured = s.structured(req, extra)
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        if req.best_of is not None and req.best_of > req.n and logprobs is None:
-            logprobs = 0  # ranking candidates needs their tokens' logprobs
-        gen = await s.start(
-            "chatcmpl",
-            req,
-            [ids],
-            lambda p, j: s.sampling_params(
-                req, max_tokens, j, logprobs=logprobs, prompt_logprobs=req.prompt_logprobs, structured=structured
-            ),
-            constraint,
+        s.check_model(req.model)
+        prepared = await self.prepare(req)
+        max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        gen = await s.generate(
+            EngineRequest(
+                kind="chatcmpl",
+                model=req.model,
+                prompts=[prepared.prompt],
+                sampling=prepared.sampling(
+                    req.sampling_fields(
+                        max_tokens=req.max_new_tokens,
+                        logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                        prompt_logprobs=req.prompt_logprobs,
+                    )
+                ),
+                n=req.n,
+                best_of=req.best_of,
+                add_special_tokens=req.add_special_tokens,
+                truncate_prompt_tokens=req.truncate_prompt_tokens,
+                constraints=self._constraints(req, prepared),
+                request_id=req.request_id,
+                client=client_of(raw),
+                connection=raw,
+                prompt_field="messages",
+                fields={"max_tokens": max_field, "logprobs": "top_logprobs"},
+            )
         )
-        return await s.respond(raw, req, gen, lambda: self._events(req, gen), lambda: self._body(req, gen))
+        plan = prepared.plan
+        return await s.respond(
+            raw, req.stream, gen, lambda: self._events(req, gen, plan), lambda: self._body(req, gen, plan)
+        )
+
+    @staticmethod
+    def _constraints(req: ChatCompletionRequest, prepared: Prepared) -> list[tuple[str, dict[str, Any]]]:
+        """The request's output constraints and its tools'; a forced call writes no text for response_format to
+        format, so the call's schema replaces it (any other two constraints are a 400)."""
+        found = constraints_of(req, prepared.constraints)
+        if prepared.constraints:
+            found = [c for c in found if c[0] != "response_format"]
+        return found
 
     def _echo(self, req: ChatCompletionRequest) -> str:
         last = req.messages[-1]
@@ -116,32 +108,20 @@ class OpenAIServingChat:
         )
         return {"content": content, "refusal": None}
 
-    def _message(self, req: ChatCompletionRequest, c: Choice) -> tuple[ChatCompletionMessage, Any]:
+    def _message(self, req: ChatCompletionRequest, c: Choice, plan: ToolPlan) -> tuple[ChatCompletionMessage, Any]:
         """The choice's message (content and/or tool calls) and its finish reason."""
-        mode, text, finish = req.tool_mode, c.text, c.finish_reason
-        calls: list[ToolCall] = []
-        content: str | None = self._echo(req) + text
-        if mode == "auto":
-            parsed, calls = parse_hermes(text)
-            content = None if parsed is None else self._echo(req) + parsed
-        elif mode == "required":
-            calls = calls_from_required(text)
-            if calls:
-                content = None
-        elif mode == "named":
-            assert isinstance(req.tool_choice, NamedToolChoice)
-            calls, content = [ToolCall(req.tool_choice.function.name, text)], None
+        content, calls = plan.parser(stream=False).parse(c.text)
         if req.parallel_tool_calls is False:
             calls = calls[:1]
-        if calls and mode in ("auto", "required") and finish == "stop":
-            finish = "tool_calls"
-        return ChatCompletionMessage(content=content, tool_calls=[t.body() for t in calls]), finish
+        text = None if content is None else self._echo(req) + content
+        message = ChatCompletionMessage(content=text, tool_calls=[t.body() for t in calls])
+        return message, plan.finish_reason(c.finish_reason, len(calls))
 
-    def _body(self, req: ChatCompletionRequest, gen: Generation) -> ChatCompletionResponse:
+    def _body(self, req: ChatCompletionRequest, gen: Generation, plan: ToolPlan) -> ChatCompletionResponse:
         choices, first = [], None
         for c in gen.ordered():
             first = first or c
-            message, finish = self._message(req, c)
+            message, finish = self._message(req, c, plan)
             extras: dict[str, Any] = {"token_ids": c.token_ids} if req.return_token_ids else {}
             choices.append(
                 ChatCompletionChoice(
@@ -161,9 +141,7 @@ class OpenAIServingChat:
             id=gen.request_id, created=gen.created, model=req.model, choices=choices, usage=gen.usage(), **top
         )
 
-    async def _events(self, req: ChatCompletionRequest, gen: Generation) -> AsyncIterator[str]:
-        mode = req.tool_mode
-
+    async def _events(self, req: ChatCompletionRequest, gen: Generation, plan: ToolPlan) -> AsyncIterator[str]:
         def chunk(index: int, delta: DeltaMessage, finish: Any = None, logprobs: Any = None, **extra: Any) -> str:
             choice = ChatCompletionStreamChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
             usage: dict[str, Any] = {}
@@ -175,15 +153,7 @@ class OpenAIServingChat:
                 )
             )
 
-        parsers = {c.index: HermesStreamParser() for c in gen.ordered()} if mode == "auto" else {}
-        ncalls: dict[int, int] = {}  # choice -> tool calls sent
-        named_id: dict[int, ToolCall] = {}
-
-        def call_delta(index: int, call: ToolCall) -> DeltaMessage:
-            n = ncalls.get(index, 0)
-            ncalls[index] = n + 1
-            return DeltaMessage(tool_calls=[{"index": n, **call.body()}])
-
+        tools = _ToolStream(req, plan, [c.index for c in gen.ordered()])
         for c in gen.ordered():  # OpenAI's first chunk per choice: the role, empty content (or vLLM's echo)
             extra: dict[str, Any] = {}
             if req.return_token_ids:
@@ -196,33 +166,7 @@ class OpenAIServingChat:
                 extra["prompt_logprobs"], sent_prompt_lp = vllm_prompt_logprobs(c.prompt_logprobs), True
             new_lp = list(out.new_logprobs or [])
             logprobs = self._logprobs(req, out.new_token_ids, new_lp) if out.new_token_ids else None
-            deltas: list[DeltaMessage] = []
-            if mode == "auto":
-                events = parsers[c.index].feed(out.delta_text) if out.delta_text else []
-                if out.finished:
-                    events += parsers[c.index].finish()
-                for kind, value in events:
-                    if kind == "content":
-                        deltas.append(DeltaMessage(content=value))
-                    elif req.parallel_tool_calls is not False or not ncalls.get(c.index):
-                        deltas.append(call_delta(c.index, value))
-            elif mode == "named":
-                assert isinstance(req.tool_choice, NamedToolChoice)
-                if c.index not in named_id:
-                    named_id[c.index] = call = ToolCall(req.tool_choice.function.name, "")
-                    deltas.append(call_delta(c.index, call))
-                if out.delta_text:
-                    deltas.append(DeltaMessage(tool_calls=[{"index": 0, "function": {"arguments": out.delta_text}}]))
-            elif mode == "required":
-                if out.finished:
-                    calls = calls_from_required(c.text)
-                    if req.parallel_tool_calls is False:
-                        calls = calls[:1]
-                    deltas += [call_delta(c.index, call) for call in calls]
-                    if not calls and c.text:
-                        deltas.append(DeltaMessage(content=c.text))
-            elif out.delta_text:
-                deltas.append(DeltaMessage(content=out.delta_text))
+            deltas = tools.deltas(c, out)
             if logprobs is not None and not deltas:
                 deltas.append(DeltaMessage())  # tokens that released no text yet still carry their logprobs
             if req.return_token_ids and out.new_token_ids:
@@ -232,10 +176,7 @@ class OpenAIServingChat:
             if not deltas and extra:
                 yield chunk(c.index, DeltaMessage(), **extra)
             if out.finished:
-                finish = c.finish_reason
-                if ncalls.get(c.index) and mode in ("auto", "required") and finish == "stop":
-                    finish = "tool_calls"
-                yield chunk(c.index, DeltaMessage(), finish)
+                yield chunk(c.index, DeltaMessage(), tools.finish_reason(c))
         if req.include_usage:
             yield sse(
                 ChatCompletionStreamResponse(
@@ -243,3 +184,39 @@ class OpenAIServingChat:
                 )
             )
         yield SSE_DONE
+
+
+class _ToolStream:
+    """A streamed chat's deltas per engine output: each choice's text through the plan's parser, its events as
+    `delta.content` and `delta.tool_calls` (a call's id and name, then its arguments as they are written)."""
+
+    def __init__(self, req: ChatCompletionRequest, plan: ToolPlan, indices: list[int]) -> None:
+        self.plan, self.single = plan, req.parallel_tool_calls is False
+        self.parsers: dict[int, ToolParser] = {i: plan.parser(stream=True) for i in indices}
+        self.gates = {i: TextGate() for i in indices}
+
+    def deltas(self, c: Choice, out: Any) -> list[DeltaMessage]:
+        parser, gate = self.parsers[c.index], self.gates[c.index]
+        events: list[Event] = parser.feed(out.delta_text) if out.delta_text else []
+        if out.finished:
+            events += parser.finish()
+        deltas: list[DeltaMessage] = []
+        for e in events:
+            if isinstance(e, Text):
+                text = gate.text(e.text) if self.plan.mode != "none" else e.text
+                if text:
+                    deltas.append(DeltaMessage(content=text))
+            elif self.single and e.index > 0:
+                continue  # parallel_tool_calls false: the first call only
+            elif isinstance(e, CallStart):
+                gate.call()
+                call = {"id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}
+                deltas.append(DeltaMessage(tool_calls=[{"index": e.index, **call}]))
+            elif isinstance(e, ArgsDelta) and e.text:
+                deltas.append(DeltaMessage(tool_calls=[{"index": e.index, "function": {"arguments": e.text}}]))
+        if out.finished and (rest := gate.end()):
+            deltas.append(DeltaMessage(content=rest))
+        return deltas
+
+    def finish_reason(self, c: Choice) -> Any:
+        return self.plan.finish_reason(c.finish_reason, self.gates[c.index].calls)

@@ -8,7 +8,7 @@ only), the shape evaluation harnesses use for loglikelihood scoring.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -19,9 +19,9 @@ from keel.entrypoints.openai.completion.protocol import (
     CompletionResponse,
     CompletionStreamResponse,
 )
-from keel.entrypoints.openai.errors import bad_request
+from keel.entrypoints.openai.generation import SSE_DONE, Choice, Generation, sse
 from keel.entrypoints.openai.logprobs import completion_logprobs, vllm_prompt_logprobs
-from keel.entrypoints.openai.serving_engine import SSE_DONE, Choice, Generation, OpenAIServing, sse
+from keel.entrypoints.openai.serving_engine import EngineRequest, OpenAIServing, client_of, constraints_of
 
 
 class OpenAIServingCompletion:
@@ -30,55 +30,55 @@ class OpenAIServingCompletion:
 
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         s = self.serving
-        s.check_model(req)
-        prompts: list[list[int]] = []
-        texts: list[str] = []
-        for i, p in enumerate(req.prompts):
-            if isinstance(p, str):
-                ids = await s.encode(p, add_special_tokens=req.add_special_tokens)
-                if not ids:
-                    raise bad_request(f"prompt {i} tokenizes to no tokens", "prompt")
-            else:
-                ids = cast("list[int]", list(p))  # token ids: the request model validated them
-                s.check_prompt_ids(ids, f"prompt {i}")
-            ids = s.truncate(req, ids)
-            prompts.append(ids)
-            texts.append(p if isinstance(p, str) and req.truncate_prompt_tokens is None else s.tokenizer.decode(ids))
-        for name in ("stop_token_ids", "allowed_token_ids"):
-            s.check_token_list(getattr(req, name), name)
-        s.check_token_list([int(k) for k in req.logit_bias or {}], "logit_bias")
-        max_tokens = [s.max_tokens_for(req, req.max_tokens, len(ids), default=16) for ids in prompts]
-        logprobs = req.logprobs
-        if req.best_of is not None and req.best_of > req.n and logprobs is None:
-            logprobs = 0  # ranking candidates needs their tokens' logprobs
         prompt_lp = req.prompt_logprobs
         if req.echo and req.logprobs is not None:
             prompt_lp = max(req.logprobs, prompt_lp or 0)
         if req.max_tokens == 0 and prompt_lp is None:
             prompt_lp = 0  # echo without logprobs: the engine's scoring path (prefill only)
-        constraint, structured = s.structured(req)
-        gen = await s.start(
-            "cmpl",
-            req,
-            prompts,
-            lambda p, j: s.sampling_params(
-                req, max_tokens[p], j, logprobs=logprobs, prompt_logprobs=prompt_lp, structured=structured
-            ),
-            constraint,
+        gen = await s.generate(
+            EngineRequest(
+                kind="cmpl",
+                model=req.model,
+                prompts=list(req.prompts),
+                sampling=req.sampling_fields(
+                    max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_lp
+                ),
+                n=req.n,
+                best_of=req.best_of,
+                default_max_tokens=16,
+                add_special_tokens=req.add_special_tokens,
+                truncate_prompt_tokens=req.truncate_prompt_tokens,
+                constraints=constraints_of(req),
+                request_id=req.request_id,
+                client=client_of(raw),
+                connection=raw,
+            )
         )
+        texts = await self._prompt_texts(req, gen) if req.echo else []
         return await s.respond(
             raw,
-            req,
+            req.stream,
             gen,
             lambda: self._events(req, gen, texts),
             lambda: CompletionResponse(
                 id=gen.request_id,
                 created=gen.created,
                 model=req.model,
-                choices=[self._choice(req, c, texts[c.prompt_index]) for c in gen.ordered()],
+                choices=[self._choice(req, c, texts[c.prompt_index] if texts else "") for c in gen.ordered()],
                 usage=gen.usage(),
             ),
         )
+
+    async def _prompt_texts(self, req: CompletionRequest, gen: Generation) -> list[str]:
+        """What echo puts before each completion: the prompt as sent, or its (truncated) tokens decoded."""
+        first = {c.prompt_index: c for c in sorted(gen.choices.values(), key=lambda c: -c.index)}
+        texts: list[str] = []
+        for i, p in enumerate(req.prompts):
+            if isinstance(p, str) and req.truncate_prompt_tokens is None:
+                texts.append(p)
+            else:
+                texts.append(await self.serving.tokens.decode(first[i].prompt_token_ids))
+        return texts
 
     def _extras(self, req: CompletionRequest, c: Choice) -> dict[str, Any]:
         extras: dict[str, Any] = {}

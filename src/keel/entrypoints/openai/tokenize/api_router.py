@@ -9,8 +9,8 @@ from pydantic import Field
 
 from keel import __version__ as keel_version
 from keel.entrypoints.openai.chat_completion.protocol import ChatMessage, Tool
-from keel.entrypoints.openai.chat_utils import chat_job
-from keel.entrypoints.openai.errors import APIError, bad_request
+from keel.entrypoints.openai.chat_utils import ChatInputError, chat_job
+from keel.entrypoints.openai.errors import bad_request
 from keel.entrypoints.openai.protocol import ErrorResponse, OpenAIBaseModel, ResponseModel
 
 router = APIRouter()
@@ -51,15 +51,9 @@ class DetokenizeResponse(ResponseModel):
     prompt: str
 
 
-def _check_model(raw: Request, model: str | None) -> Any:
+def _serving(raw: Request, model: str | None) -> Any:
     serving = raw.app.state.serving
-    if model is not None and model != serving.config.model_name:
-        raise APIError(
-            404,
-            f"The model `{model}` does not exist; this server serves `{serving.config.model_name}`",
-            param="model",
-            code="model_not_found",
-        )
+    serving.check_model(model)
     return serving
 
 
@@ -69,8 +63,10 @@ def _check_model(raw: Request, model: str | None) -> Any:
     responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
 )
 async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, raw: Request) -> TokenizeResponse:
-    """Token ids of a prompt, or of a conversation rendered with the chat template (vLLM's shapes)."""
-    s = _check_model(raw, body.model)
+    """Token ids of a prompt, or of a conversation rendered with the chat template (vLLM's shapes): tokenized
+    off the event loop, and a 400 without tokenizing when the text is longer than the context could hold."""
+    s = _serving(raw, body.model)
+    field = "prompt"
     if isinstance(body, TokenizeChatRequest):
         s.check_chat_template(body.chat_template)
         try:
@@ -83,13 +79,15 @@ async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, raw: R
                 chat_template=body.chat_template,
                 chat_template_kwargs=body.chat_template_kwargs,
             )
+        except ChatInputError as exc:
+            raise bad_request(str(exc), exc.field) from exc
         except ValueError as exc:
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from exc
-        text = await s.render_template(job)
+        text, field = await s.render_template(job), "messages"
     else:
         text = body.prompt
-    ids = await s.encode(text, add_special_tokens=body.add_special_tokens)
-    strs = [s.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if body.return_token_strs else None
+    ids = await s.encode(text, add_special_tokens=body.add_special_tokens, field=field)
+    strs = await s.tokens.token_strs(ids) if body.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=s.config.max_model_len, tokens=ids, token_strs=strs)
 
 
@@ -99,13 +97,13 @@ async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest, raw: R
     responses={400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}},
 )
 async def detokenize(body: DetokenizeRequest, raw: Request) -> DetokenizeResponse:
-    """The text of token ids (vLLM's shape)."""
-    s = _check_model(raw, body.model)
+    """The text of token ids (vLLM's shape), decoded off the event loop."""
+    s = _serving(raw, body.model)
     vocab = s.config.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise bad_request(f"tokens has ids outside [0, {vocab}) (the vocabulary): {bad[:8]}", "tokens")
-    return DetokenizeResponse(prompt=s.tokenizer.decode(body.tokens))
+    return DetokenizeResponse(prompt=await s.tokens.decode(body.tokens))
 
 
 @router.get("/version")
