@@ -145,8 +145,8 @@ void cols_portable(const Fp8LinearParams& p, int64_t begin, int64_t end) {
 // (per block: acc = x[0:8] * w[0:8] rounded, then an FMA for each further 8 columns in order, over the 16-column steps
 // that hold a column < k (the last one zero-padded past k); total = fma(acc, s, total); hsum8, bias, one rounding), and
 // run more chains at once: decode (one row of x) takes kAvx2DecodeRows weight rows per pass, each x vector loaded
-// once for all of them; prompts decode a range of weight rows once into a buffer and run tiles of 3 x 2 outputs. Every row
-// count takes these kernels in the AVX2 build (cols_portable's vector-extension code leaves the choice of which
+// once for all of them; prompts decode a range of weight rows once into a buffer and run tiles of 3 x 2 outputs. Every
+// row count takes these kernels in the AVX2 build (cols_portable's vector-extension code leaves the choice of which
 // product to fuse to the compiler), so a row's bits never depend on its call.
 
 #if defined(__AVX2__)
@@ -279,9 +279,9 @@ void rows_avx2_m1(const Fp8LinearParams& p, int64_t r0) {
 constexpr int64_t kAvx2PromptBytes = 16384;  // decoded fp32 weights of one range
 
 struct DecodedRows {
-  float* w;        // [rows][kp], row j at w + j * kp
-  bool nan[64];    // per row: a NaN byte
-  int last_nvec;   // 8-column vectors of the last block that hold a column < k
+  float* w;       // [rows][kp], row j at w + j * kp
+  bool nan[64];   // per row: a NaN byte
+  int last_nvec;  // 8-column vectors of the last block that hold a column < k
 };
 
 int64_t decode_rows_avx2(const Fp8LinearParams& p, int64_t r0, int64_t rows, DecodedRows& d) {

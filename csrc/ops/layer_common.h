@@ -84,7 +84,8 @@ inline void rotary(const RotaryParams& p, const LaunchContext& ctx) {
 #else
   (void)ctx;
   const int64_t per_token = (p.q.num_heads + p.k.num_heads) * p.rot_dim;
-  parallel_for(p.num_tokens, grain_for(per_token), [&](int64_t b, int64_t e) { cpu::rotary_embedding_tokens(p, b, e); });
+  parallel_for(p.num_tokens, grain_for(per_token),
+               [&](int64_t b, int64_t e) { cpu::rotary_embedding_tokens(p, b, e); });
 #endif
 }
 

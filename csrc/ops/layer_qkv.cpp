@@ -111,8 +111,8 @@ void check_overlaps(const std::optional<Tensor>& x, const Tensor& residual, cons
 // One rms_norm row set: `rows` rows over a [tokens, heads] grid (token stride ts, head stride hs) of `src`, `d`
 // wide, into contiguous `out`; with `residual`, residual += src first (fused_add_rms_norm's order).
 RmsNormParams norm_params(const QkvShape& s, const void* src, RowLayout src_rows, int64_t src_col, void* residual,
-                          RowLayout res_rows, int64_t res_col, const Tensor& weight, double eps, void* out, int64_t rows,
-                          int64_t d) {
+                          RowLayout res_rows, int64_t res_col, const Tensor& weight, double eps, void* out,
+                          int64_t rows, int64_t d) {
   RmsNormParams p{};
   p.dtype = s.dt;
   p.x = src;
@@ -154,8 +154,8 @@ RotaryTensor rotary_rows(void* data, int64_t tokens, int64_t token_stride, int64
 }
 
 // q and k rotated in place (q contiguous [T, H, D]; k rows every k_stride elements), positions checked first.
-void rotate(const QkvShape& s, const Tensor& positions, const Tensor& cos_sin_cache, void* q, void* k,
-            int64_t k_stride, const LaunchContext& ctx) {
+void rotate(const QkvShape& s, const Tensor& positions, const Tensor& cos_sin_cache, void* q, void* k, int64_t k_stride,
+            const LaunchContext& ctx) {
   RotaryParams p{};
   p.dtype = s.dt;
   p.cache_dtype = dtype_code(cos_sin_cache) == shim_codes().float32 ? DType::kFloat32 : s.dt;
@@ -224,7 +224,8 @@ void copy_q(const QkvShape& s, const char* qkv_rows, Tensor& q, layer::Scratch& 
   (void)scratch;
   const int64_t es = layer::element_size(s.dt);
   char* dst = static_cast<char*>(q.data_ptr());
-  for (int64_t t = 0; t < s.t; ++t) std::memcpy(dst + t * s.heads * s.d * es, qkv_rows + t * s.n * es, s.heads * s.d * es);
+  for (int64_t t = 0; t < s.t; ++t)
+    std::memcpy(dst + t * s.heads * s.d * es, qkv_rows + t * s.n * es, s.heads * s.d * es);
 #endif
 }
 

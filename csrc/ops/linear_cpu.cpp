@@ -125,7 +125,9 @@ KEEL_KINLINE __m256 wload8(const bf16_t* p) {
   const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
-KEEL_KINLINE __m256 wload8(const f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+KEEL_KINLINE __m256 wload8(const f16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 template <int MR, typename T>
 KEEL_KINLINE void tile_mx2(const LinearParams& p, int64_t m0, int64_t r0) {

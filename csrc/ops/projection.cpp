@@ -24,8 +24,8 @@ void check_rows_vector(const char* op, const std::string& arg, const Tensor& t, 
   } else {
     check_same_dtype(op, arg.c_str(), t, ref_arg, ref);
   }
-  KEEL_CHECK(t.dim() == 1 && t.size(0) == n, op, ": ", arg, " must be [", n, "] to match ", weight_arg,
-             "'s rows, got ", shape_str(t));
+  KEEL_CHECK(t.dim() == 1 && t.size(0) == n, op, ": ", arg, " must be [", n, "] to match ", weight_arg, "'s rows, got ",
+             shape_str(t));
 }
 
 }  // namespace
@@ -36,21 +36,23 @@ void check_projection(const char* op, Projection& p, const char* ref_arg, const 
   const std::string w = name + "_weight";
   check_same_device(op, w.c_str(), p.weight, ref_arg, ref);
   p.fp8 = dtype_code(p.weight) == aoti_torch_dtype_float8_e4m3fn();
-  KEEL_CHECK(p.fp8 || dtype_code(p.weight) == dtype_code(ref), op, ": ", w, " must be float8_e4m3fn or have the dtype of ",
-             ref_arg, " (", scalar_type_name(ref.scalar_type()), "), got ", scalar_type_name(p.weight.scalar_type()));
+  KEEL_CHECK(p.fp8 || dtype_code(p.weight) == dtype_code(ref), op, ": ", w,
+             " must be float8_e4m3fn or have the dtype of ", ref_arg, " (", scalar_type_name(ref.scalar_type()),
+             "), got ", scalar_type_name(p.weight.scalar_type()));
   if (n_expected >= 0) {
     KEEL_CHECK(p.weight.dim() == 2 && p.weight.size(0) == n_expected && p.weight.size(1) == k, op, ": ", w,
                " must be [", n_expected, ", ", k, "] (", n_what, "), got ", shape_str(p.weight));
   } else {
-    KEEL_CHECK(p.weight.dim() == 2 && p.weight.size(1) == k, op, ": ", w, " must be [N, ", k, "] (", n_what,
-               "), got ", shape_str(p.weight));
+    KEEL_CHECK(p.weight.dim() == 2 && p.weight.size(1) == k, op, ": ", w, " must be [N, ", k, "] (", n_what, "), got ",
+               shape_str(p.weight));
   }
-  KEEL_CHECK(p.weight.stride(1) == 1 || k <= 1, op, ": ", w, " must have unit stride along its last dim (K), got stride ",
-             p.weight.stride(1));
+  KEEL_CHECK(p.weight.stride(1) == 1 || k <= 1, op, ": ", w,
+             " must have unit stride along its last dim (K), got stride ", p.weight.stride(1));
   p.n = p.weight.size(0);
   if (p.fp8) {
 #ifdef KEEL_CUDA_LIBRARY
-    KEEL_CHECK(false, op, ": ", w, " is float8_e4m3fn, which runs on the CPU only (CUDA runs FP8 through "
+    KEEL_CHECK(false, op, ": ", w,
+               " is float8_e4m3fn, which runs on the CPU only (CUDA runs FP8 through "
                "keel.vendored.deep_gemm)");
 #endif
     const std::string s = name + "_scale";
@@ -70,8 +72,8 @@ void check_projection(const char* op, Projection& p, const char* ref_arg, const 
   } else {
     KEEL_CHECK(!p.scale.has_value(), op, ": ", name, "_scale is only for a float8_e4m3fn ", w, ", got a ",
                scalar_type_name(p.weight.scalar_type()), " ", w);
-    KEEL_CHECK(!p.special_rows.has_value(), op, ": ", name, "_special_rows is only for a float8_e4m3fn ", w,
-               ", got a ", scalar_type_name(p.weight.scalar_type()), " ", w);
+    KEEL_CHECK(!p.special_rows.has_value(), op, ": ", name, "_special_rows is only for a float8_e4m3fn ", w, ", got a ",
+               scalar_type_name(p.weight.scalar_type()), " ", w);
   }
   if (p.bias.has_value()) check_rows_vector(op, name + "_bias", *p.bias, ref_arg, ref, p.n, w, false);
 }
@@ -82,8 +84,8 @@ void run_projection(const Projection& p, DType dt, const void* x, int64_t m, int
     fp8_linear_cpu(dt, x, m, k, fp8_weight(p.weight, *p.scale, p.bias, p.special_rows), out);
     return;
   }
-  linear_cpu(dt, x, m, k, p.weight.data_ptr(), p.weight.stride(0), p.n, p.bias.has_value() ? p.bias->data_ptr() : nullptr,
-             p.bias.has_value() ? p.bias->stride(0) : 0, out);
+  linear_cpu(dt, x, m, k, p.weight.data_ptr(), p.weight.stride(0), p.n,
+             p.bias.has_value() ? p.bias->data_ptr() : nullptr, p.bias.has_value() ? p.bias->stride(0) : 0, out);
 }
 #else
 Tensor run_projection(const Projection& p, const Tensor& x) {

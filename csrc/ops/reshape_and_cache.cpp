@@ -37,7 +37,6 @@ CacheSide describe(const Tensor& src, const Tensor& cache) {
   return s;
 }
 
-
 }  // namespace
 
 #ifndef KEEL_CUDA_LIBRARY
