@@ -21,6 +21,8 @@ a token, without the attention, norms and Python of the step around them. A call
 call, the dispatcher, the op's set-up, the thread pool's hand-off) does not shrink with more threads, so a
 fast kernel (FP8, half the bytes of bf16) gains less from a second core than a slow one: compare the speedup
 columns of the two dtypes. The machine is shared: read the ratios of one run.
+
+Records: docs/measurements/2026-12-03-two-threads.md, docs/measurements/2026-12-03-decode-floor.md.
 """
 
 from __future__ import annotations

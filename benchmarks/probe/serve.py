@@ -12,7 +12,7 @@ was not the expected one, the slowest normal request during the category, and th
 `--sample` runs a few cases per category (what tests/entrypoints/test_probe.py runs); the full run is
 bounded too (every request has a timeout, 200 slow connections at most). Exit status 0 when there
 were no crashes, no 5xx and no unexpected answers.
-Records: docs/measurements/2026-12-02-server-probe.md, docs/measurements/2026-12-07-hostile-probe.md.
+Records: docs/measurements/2026-12-02-server-probe.md (the untrusted category: probe/untrusted.py).
 """
 
 from __future__ import annotations

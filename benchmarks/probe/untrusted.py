@@ -22,6 +22,8 @@ and that its parser limits do not bound it) and how long `tokenizers` holds the 
 
 `--quick` shortens every window (what tests/entrypoints/test_probe.py runs on a tiny checkpoint). Prints a
 table: scenario, measure, baseline, during, goal, met.
+
+Records: docs/measurements/2026-12-07-hostile-probe.md.
 """
 
 from __future__ import annotations
@@ -281,6 +283,11 @@ def stream_rows(srv: Server, quick: bool) -> list[Row]:
             ),
         ),
         (
+            "control: the same n=16 requests without bad_words",
+            3,
+            lambda s: request(s, "POST", "/v1/completions", cmpl(n=16, max_tokens=8), timeout=300),
+        ),
+        (
             "bad_words past it: n=16, 1,000 words of 1,000 digits",
             3,
             lambda s: request(s, "POST", "/v1/completions", cmpl(n=16, bad_words=["7" * 1000] * 1000), timeout=300),
@@ -303,7 +310,7 @@ def stream_rows(srv: Server, quick: bool) -> list[Row]:
         ),
     ]
     rows: list[Row] = []
-    for name, clients, send in attacks[:2] if quick else attacks:
+    for name, clients, send in attacks[:3] if quick else attacks:
         _, base_gap = stream(srv)
         with attack(srv, clients, send) as statuses:
             _, gap = stream(srv)
@@ -353,14 +360,17 @@ def template_rows(srv: Server, quick: bool) -> list[Row]:
 
 
 PHASES_CODE = """
-import json, resource, string, sys, time
+import json, string, sys, time
 import llguidance
 from llguidance import LLMatcher
 path, n = sys.argv[1], int(sys.argv[2])
 tok = llguidance.LLTokenizer(open(path).read(), n_vocab=int(sys.argv[3]), eos_token=None)
 schema = {"type": "string", "allOf": [{"pattern": f".*{c}.*"} for c in string.ascii_letters[:n]]}
 small = llguidance.LLParserLimits(max_lexer_states=1000, initial_lexer_fuel=10000, step_lexer_fuel=10000)
-base, out, made = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, {}, {}
+def status(key):
+    return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith(key))
+open("/proc/self/clear_refs", "w").write("5")  # VmHWM from here on
+base, out = status("VmRSS:"), {}
 def timed(name, fn):
     t = time.perf_counter()
     result = fn()
@@ -371,7 +381,7 @@ timed("validate_grammar s", lambda: LLMatcher.validate_grammar(g, tok))
 m = timed("LLMatcher() s", lambda: LLMatcher(tok, g, log_level=0))
 timed("first mask s", m.compute_bitmask)
 timed("LLMatcher() under small limits s", lambda: LLMatcher(tok, g, log_level=0, limits=small))
-out["peak RSS growth MiB"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+out["peak RSS growth MiB"] = (status("VmHWM:") - base) / 1024
 print(json.dumps(out))
 """
 

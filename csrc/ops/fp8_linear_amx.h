@@ -12,8 +12,9 @@
 namespace keel {
 
 // Every bf16 call takes the AMX kernel, whatever its row count (one summation order per process). Decode
-// on AMX may be slower than the AVX512-BF16 GEMV (their crossover: docs/measurements/2026-12-02-amx-prompt-
-// kernels.md); not measured on an AMX CPU yet (docs/ops.md, determinism).
+// on AMX may be slower than the AVX512-BF16 GEMV (their crossover:
+// docs/measurements/2026-12-02-amx-prompt-kernels.md); not measured on an AMX CPU yet (docs/ops.md,
+// determinism).
 constexpr int64_t kFp8AmxBlockN = 32;  // weight rows decoded together (two 16-row A tiles)
 constexpr int64_t kFp8AmxBlockM = 32;  // x rows per register block (two 16-row B tiles)
 

@@ -7,8 +7,9 @@ tokenizer), then the address space is capped at what the process maps then plus 
 share (RLIMIT_CPU: the kernel ends the process with SIGXCPU past it). Jobs run on one thread with a large
 stack: native parsers recurse with their input.
 
-Frames on both pipes: a 4-byte big-endian length, then UTF-8 JSON. In: {"memory_mib", "stack_mib",
-"init"} once, then {"job", "cpu_s"} per job. Out: {"ready": true} once, then {"ok": result},
+It runs at a lower scheduling priority (nice 10): a job shares the server's cores, and the engine's steps
+come first. Frames on both pipes: a 4-byte big-endian length, then UTF-8 JSON. In: {"memory_mib",
+"stack_mib", "nice", "init"} once, then {"job", "cpu_s"} per job. Out: {"ready": true} once, then {"ok": result},
 {"error": message} (the handler refused the input) or {"memory": message} (a MemoryError) per job.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import struct
 import sys
 import threading
@@ -117,6 +119,10 @@ def main(argv: list[str]) -> int:
     sys.stdout = sys.stderr  # nothing but frames on the pipe
     setup = json.loads(read_frame(stdin) or b"{}")
     threading.stack_size(int(setup.get("stack_mib", 256)) << 20)
+    try:
+        os.nice(int(setup.get("nice", 10)))  # the engine and the event loop win the CPU over client-chosen work
+    except (OSError, AttributeError):
+        pass
     failed: list[BaseException] = []
 
     def run() -> None:

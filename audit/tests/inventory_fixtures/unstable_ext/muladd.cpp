@@ -22,10 +22,6 @@ at::Tensor muladd(const at::Tensor& a, const at::Tensor& b, double c) {
   return out;
 }
 
-TORCH_LIBRARY(inventory_fixture, m) {
-  m.def("muladd(Tensor a, Tensor b, float c) -> Tensor");
-}
+TORCH_LIBRARY(inventory_fixture, m) { m.def("muladd(Tensor a, Tensor b, float c) -> Tensor"); }
 
-TORCH_LIBRARY_IMPL(inventory_fixture, CPU, m) {
-  m.impl("muladd", &muladd);
-}
+TORCH_LIBRARY_IMPL(inventory_fixture, CPU, m) { m.impl("muladd", &muladd); }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,9 +22,18 @@ from keel.entrypoints.openai.errors import APIError, bad_request
 T = TypeVar("T")
 
 
+def _lower_priority() -> None:
+    """Nice this thread (Linux keeps a priority per thread): a client's text shares the cores with the engine's
+    steps, which come first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (OSError, AttributeError):
+        pass
+
+
 class TokenizerPool:
-    """Encode and decode on `threads` threads of their own (not the default executor, which chat templates
-    and other work share), at most `max_pending` calls queued (more: 503)."""
+    """Encode and decode on `threads` threads of their own (not the default executor, which other work
+    shares), at a lower scheduling priority, at most `max_pending` calls queued (more: 503)."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, *, threads: int = 1, max_pending: int = 64) -> None:
         if threads < 1 or max_pending < 1:
@@ -31,7 +41,9 @@ class TokenizerPool:
         self.tokenizer, self.max_model_len, self.max_pending = tokenizer, max_model_len, max_pending
         per_token = getattr(tokenizer, "max_chars_per_token", lambda: None)()
         self.max_chars: int | None = per_token * max_model_len if per_token else None
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="keel-tokenize")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            threads, thread_name_prefix="keel-tokenize", initializer=_lower_priority
+        )
         self._lock = threading.Lock()
         self._pending = 0
 
