@@ -37,7 +37,8 @@ llama-cpp-python is an optional benchmark dependency (requirements-bench.txt): R
 llama.cpp" says how to build it (from source, explicit AVX-512 flags, AMX off) into .venv-bench, which also
 needs torch and keel's wheel.
 
-Records: docs/measurements/2026-12-07-decode-limit.md, docs/measurements/2026-12-03-llamacpp.md, docs/measurements/2026-12-02-llamacpp.md.
+Records: docs/measurements/2026-12-07-decode-limit.md, docs/measurements/2026-12-03-llamacpp.md,
+docs/measurements/2026-12-02-llamacpp.md.
 """
 
 from __future__ import annotations

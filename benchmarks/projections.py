@@ -27,7 +27,8 @@ weights hold (zero bytes in a few % of rows, rare subnormals), which the FP8 ker
 huge-page arena (keel.engine.host_memory.rehome, as keel's model runner places a model's weights), alternated
 with the peers above in the same process; without it, every tensor here is allocated by torch on its own.
 
-Records: docs/measurements/2026-12-03-huge-pages.md, docs/measurements/2026-12-03-prefetch.md, docs/measurements/2026-12-03-fp8-special-rows.md.
+Records: docs/measurements/2026-12-03-huge-pages.md, docs/measurements/2026-12-03-prefetch.md,
+docs/measurements/2026-12-03-fp8-special-rows.md.
 """
 
 from __future__ import annotations
