@@ -6,6 +6,8 @@
 
 1. build the wheel in the build environment (torch A; `.venv` for 2.13.0) and audit it: a finding
    stops the run (`scripts/release/build_wheel.sh` gates the build, `keel audit` gives verdict and floor);
+   then build every library once more from a copy of the checkout at another path (check_reproducible): the
+   bytes must be the wheel's, and no library may name a path of the build machine;
 2. for torch A and each target torch B (and each Python): a fresh virtual environment with only
    torch B, keel's runtime requirements (read from the wheel), pytest and keel-audit; the SAME wheel file;
 3. there: the op tests of the checkout against the installed wheel (keel's and both vendored libraries',
@@ -38,6 +40,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
@@ -154,6 +157,52 @@ def check_build_tree(libs: dict[str, str]) -> None:
         built = {p.relative_to(tree).as_posix(): sha256(p.read_bytes()) for p in tree.rglob("*.abi3.so")}
         if built and built != libs:
             raise PipelineError(f"pipeline: the libraries in {tree} differ from the wheel's")
+
+
+# what the second build's copy of the checkout leaves out: git metadata, environments, build outputs, caches
+COPY_SKIP = shutil.ignore_patterns(
+    ".git", ".venv*", "build", "dist", ".cache", "__pycache__", "*.so", "*.whl", ".pytest_cache", ".ruff_cache",
+    ".mypy_cache", "*.egg-info", "bench_out", ".devpkgs", "node_modules", "site",
+)  # fmt: skip
+
+
+def reproducibility_findings(first: dict[str, bytes], second: dict[str, str], paths: list[str]) -> list[str]:
+    """What keeps two builds from being one: libraries only one build has, libraries whose bytes differ
+    (`first`: the wheel's bytes, `second`: the other build's sha256), and build-machine paths a library names."""
+    found = [
+        f"{rel}: only in the {'wheel' if rel in first else 'second build'}" for rel in sorted(set(first) ^ set(second))
+    ]
+    found += [f"{rel}: bytes differ" for rel in sorted(set(first) & set(second)) if sha256(first[rel]) != second[rel]]
+    for rel, data in sorted(first.items()):
+        named = sorted(p for p in set(paths) if len(p) > 1 and p.encode() in data)
+        found += [f"{rel}: names the build machine's path {p}" for p in named]
+    return found
+
+
+def check_reproducible(wheel: Path, build_env: Path) -> None:
+    """Build every library once more, from a copy of the checkout at another path and depth, in the build
+    environment with the same settings (the CUDA twins where the wheel has them): each must equal the wheel's
+    byte for byte and name no path of this machine (the checkout, the copy, the environment, home)."""
+    with zipfile.ZipFile(wheel) as zf:
+        first = {n.removeprefix("keel/"): zf.read(n) for n in zf.namelist() if n.endswith(".abi3.so")}
+    cuda = any(rel.endswith("_C_cuda.abi3.so") for rel in first)
+    print(f"### reproducible: every library built again elsewhere (log: {log_path('reproducible')})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="keel-repro-") as tmp:
+        dest = Path(tmp) / "elsewhere" / "much-deeper" / "checkout"
+        shutil.copytree(ROOT, dest, ignore=COPY_SKIP)
+        env = {"KEEL_CUDA": "on" if cuda else "off", "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))}
+        run(
+            [str(build_env / "bin" / "python"), "setup.py", "-q", "build_ext", "--inplace"],
+            "reproducible",
+            cwd=dest,
+            env=env,
+        )
+        tree = dest / "src" / "keel"  # build_ext --inplace writes into the package folder
+        second = {p.relative_to(tree).as_posix(): sha256(p.read_bytes()) for p in sorted(tree.rglob("*.abi3.so"))}
+    found = reproducibility_findings(first, second, [tmp, str(ROOT), str(build_env), sys.prefix, str(Path.home())])
+    if found:
+        raise PipelineError("pipeline: the build is not reproducible:\n  " + "\n  ".join(found))
+    print(f"  {len(second)} libraries, byte-identical, no build-machine path")
 
 
 def audit(env: Path, wheel: Path, target: str) -> tuple[str, str]:
@@ -442,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         built, requires = wheel_facts(wheel)
         if not args.wheel:
             check_build_tree(built)
+            check_reproducible(wheel, build_env)
         wheel_sha = sha256(wheel.read_bytes())
         print(f"### the one wheel: {wheel.name}  sha256 {wheel_sha}")
         for rel, digest in built.items():

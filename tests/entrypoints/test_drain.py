@@ -71,13 +71,14 @@ class Proc:
 LONG = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 48, "n": 8, "ignore_eos": True}
 
 
-def run_drain(model: Path, shutdown_timeout: float) -> tuple[list[str], dict, int]:
-    """A non-streamed request and a stream in flight, then SIGTERM; what /health, a new request, the
-    stream and the non-streamed request got, and the exit status."""
+def run_drain(model: Path, shutdown_timeout: float, whole_tokens: int = 48) -> tuple[list[str], dict, int]:
+    """A non-streamed request (`whole_tokens` per choice) and a stream in flight, then SIGTERM; what /health, a
+    new request, the stream and the non-streamed request got, and the exit status."""
     p = Proc(model, shutdown_timeout)
     try:
         whole: list = []
-        sender = threading.Thread(target=lambda: whole.append(p.post("/v1/chat/completions", LONG)), daemon=True)
+        body = {**LONG, "max_tokens": whole_tokens}
+        sender = threading.Thread(target=lambda: whole.append(p.post("/v1/chat/completions", body)), daemon=True)
         sender.start()
         deadline = time.monotonic() + 60
         while not whole and p.streams_open() < 8 and time.monotonic() < deadline:
@@ -114,7 +115,8 @@ def test_sigterm_lets_a_running_stream_finish(tiny_model):
 
 @pytest.mark.slow  # a second `keel serve` process (the drain within the timeout stays in the quick tier)
 def test_sigterm_past_the_shutdown_timeout_ends_the_stream_with_an_error(tiny_model):
-    events, seen, code = run_drain(tiny_model, shutdown_timeout=0)
+    # the non-streamed request asks for twice the stream's tokens: still running at the signal on a loaded host
+    events, seen, code = run_drain(tiny_model, shutdown_timeout=0, whole_tokens=100)
     assert seen["health"] in (503, None)  # 503, or already gone (a 0 s drain ends at once)
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
