@@ -8,9 +8,10 @@ PYTHON="${PYTHON:-python3.11}"
 
 keel_venv() {
   local dir="$1" torch_version="$2"
-  if [ ! -x "$dir/bin/python" ]; then
+  # a folder without a working pip (a creation cut short) is made again
+  if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -m pip --version >/dev/null 2>&1; then
     echo "== creating $dir ($("$PYTHON" --version))"
-    "$PYTHON" -m venv "$dir"
+    "$PYTHON" -m venv --clear "$dir"
     "$dir/bin/python" -m pip install -q --upgrade pip
   fi
   if ! "$dir/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
