@@ -277,6 +277,7 @@ def test_build_env_gets_the_runtime_requirements_before_fetch_demo(tmp_path, mon
     monkeypatch.setattr(pipeline, "LOGS", tmp_path / "logs")
     monkeypatch.setattr(pipeline, "build", lambda *a: wheel)
     monkeypatch.setattr(pipeline, "check_build_tree", lambda built: None)
+    monkeypatch.setattr(pipeline, "check_reproducible", lambda wheel, env: None)  # a second build: the main job's
     monkeypatch.setattr(pipeline, "installed_torch", lambda env: "2.13.0")
     monkeypatch.setattr(pipeline, "audit", lambda *a: ("STABLE", "2.10"))
     monkeypatch.setattr(pipeline, "run", lambda cmd, log, **kw: calls.append(" ".join(map(str, cmd))))
