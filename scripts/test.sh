@@ -109,7 +109,7 @@ workers="${KEEL_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 [ "$workers" -gt 4 ] 2>/dev/null && workers=4
 parallel=()
 if [ "$workers" -gt 1 ] 2>/dev/null; then
-  parallel=(-n "$workers" --dist loadfile)
+  parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)  # in tests/conftest.py's order: slow files first
   # Two workers' torch thread pools share the cores: OpenMP threads that spin while they wait take the CPU from
   # the other worker (measured: docs/testing.md, "Where the time goes")
   export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"

@@ -7,7 +7,19 @@ installed `keel_dev` (`pip install -e dev`).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with slow tests first, then by their number of tests (each file's own order kept). Under
+    `--dist loadfile` a file is one unit of work, handed to the next free worker in this order
+    (scripts/test.sh turns off xdist's own reordering, which puts one-test files last): the long units start
+    early and the short ones fill the end, instead of one worker running a long test alone at the end."""
+    count = Counter(item.path for item in items)
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path not in slow, -count[item.path], str(item.path)))
 
 
 @pytest.fixture(autouse=True, scope="session")
