@@ -1,6 +1,7 @@
 """Fair admission (keel.engine.scheduler's module doc states the bound): a new client's first token while
 another client holds every slot, a short prompt behind long ones in chunked prefill, and the `n` choices of
-one prompt computing it (and its prompt logprobs) once. Steps are counted, not seconds."""
+one prompt computing it (and its prompt logprobs) once. Steps are counted, not seconds; the step's budget is
+in token-equivalents (a token's projections plus its attention, engine.scheduler.cost)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from keel.engine.scheduler import water_fill
 pytestmark = needs_ops
 TEXT = "The quick brown fox jumps over the lazy dog. Paged attention stores keys and values in fixed-size blocks. "
 SLOTS, BUDGET = 4, 16  # per client and step, a new client's prompt gets at least (BUDGET - SLOTS) // clients
+# token-equivalents, so at least that divided by its last token's cost in tokens
 
 
 def make(**kw) -> LLMEngine:
@@ -31,6 +33,13 @@ def prompt(engine: LLMEngine, n: int) -> list[int]:
     ids = engine.tokenizer.encode(TEXT * 8)
     assert len(ids) >= n
     return ids[:n]
+
+
+def bound(engine: LLMEngine, length: int, clients: int) -> int:
+    """The module doc's bound: steps within which a new client's `length`-token prompt has its first token."""
+    share = (BUDGET - SLOTS) // clients
+    per_step = max(1, math.floor(share / engine.scheduler.cost.chunk(length - 1, 1)))
+    return math.ceil(length / per_step)
 
 
 def steps_to_first_token(engine: LLMEngine, rid: str, limit: int = 200) -> int:
@@ -63,8 +72,7 @@ def test_a_new_client_gets_its_first_token_within_the_bound_while_another_holds_
         engine.step()
     assert engine.metrics().num_running == SLOTS  # client a holds every slot, decoding
     engine.add_request("b", prompt(engine, length), SamplingParams(max_tokens=2, ignore_eos=True), client="b")
-    bound = math.ceil(length / ((BUDGET - SLOTS) // 2))
-    assert steps_to_first_token(engine, "b") <= bound
+    assert steps_to_first_token(engine, "b") <= bound(engine, length, 2)
     running = [s.client for s in engine.scheduler.running]
     assert running.count("a") == SLOTS - 1 and running.count("b") == 1  # one of a's sequences made room
     for rid in [f"a{i}" for i in range(SLOTS)] + ["b"]:  # (the preempted one's recompute: the test below)
@@ -109,7 +117,7 @@ def test_a_short_prompt_behind_six_long_ones_gets_its_first_token_at_the_next_st
     for i in range(6):
         engine.add_request(f"long{i}", prompt(engine, 120), SamplingParams(max_tokens=1), client="a")
     engine.step()
-    short = prompt(engine, 8)
+    short = prompt(engine, 6)  # (its 6 tokens cost less than half the budget: one step with two clients too)
     engine.add_request("short", short, SamplingParams(max_tokens=1), client="a" if clients == "one" else "b")
     assert steps_to_first_token(engine, "short") == 1
     assert all(s.num_computed_tokens < 120 for s in engine.scheduler.running)  # the long ones still prefill
@@ -123,12 +131,18 @@ def test_two_clients_with_long_prompts_each_get_half_of_every_step(hf_cache):
     engine.step()
     other = prompt(engine, 60)[::-1]  # (no prefix-cache hit on a's prompts)
     engine.add_request("b", other, SamplingParams(max_tokens=1), client="b")
-    steps, before = 0, BUDGET
+    cost, half, steps = engine.scheduler.cost, BUDGET // 2, 0
+    done = {id(s): s.num_computed_tokens for s in engine.scheduler.running}
     while not any(o.request_id == "b" for o in engine.step()):
         steps += 1
-        got = {c: sum(s.num_computed_tokens for s in engine.scheduler.running if s.client == c) for c in "ab"}
-        assert got == {"a": before + steps * BUDGET // 2, "b": steps * BUDGET // 2}  # half of each step each
-    assert steps + 1 == math.ceil(60 / (BUDGET // 2))
+        spent, more = dict.fromkeys("ab", 0.0), dict.fromkeys("ab", 0.0)
+        for s in engine.scheduler.running:  # each client's chunks this step, in token-equivalents
+            start = done.get(id(s), 0)
+            spent[s.client] += cost.chunk(start, s.num_computed_tokens - start)
+            more[s.client] = max(more[s.client], cost.chunk(s.num_computed_tokens, 1))  # one more token's cost
+            done[id(s)] = s.num_computed_tokens
+        assert all(half - more[c] < spent[c] <= half for c in "ab"), spent  # half of each step each
+    assert steps + 1 <= bound(engine, 60, 2)
     drain(engine)
 
 

@@ -28,7 +28,7 @@ from keel.engine.config import EngineConfig
 from keel.engine.dtypes import resolve_dtype
 from keel.engine.errors import RequestValidationError
 from keel.engine.model_loader import load_model
-from keel.engine.model_runner import ModelRunner, StepResult
+from keel.engine.model_runner import ModelRunner, StepResult, step_cost
 from keel.engine.output import EngineMetrics, GenerateStats, Logprob, RequestOutput, request_output
 from keel.engine.sampling_params import SamplingParams, bad_words_token_ids
 from keel.engine.scheduler import Scheduler, SchedulerOutput
@@ -78,6 +78,7 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_num_blocks=max(1, cfg.max_kv_cache_bytes // self.runner.kv_bytes_per_block()),
             enable_prefix_caching=cfg.enable_prefix_caching,
+            cost=step_cost(self.config),
         )
         self._max_kv_cache_bytes = cfg.max_kv_cache_bytes
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids or self.config.eos_token_ids)

@@ -15,7 +15,7 @@ import torch
 
 from keel.engine import host_memory
 from keel.engine.block_manager import slot_mapping
-from keel.engine.scheduler import SchedulerOutput
+from keel.engine.scheduler import SchedulerOutput, StepCost
 from keel.layers.attention import PAGE_MULTIPLE, AttnMetadata, PagedAttention
 from keel.layers.fp8_linear import quantize_linears
 from keel.layers.linear import can_pack, keel_linears, pack_linears
@@ -49,6 +49,21 @@ class StepResult:
             if 0 in part.errors:
                 out.errors[r] = part.errors[0]
         return out
+
+
+def step_cost(config: object) -> StepCost:
+    """What a token costs the scheduler's step budget for a Llama-family model: per token, its projections
+    take 2 FLOPs a weight and its attention 4 x layers x heads x head_dim FLOPs per attended position; their
+    ratio is the break-even context. Tokens only when a number is missing or not a positive int."""
+    names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+    values = [getattr(config, name, None) for name in names]
+    ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    if len(ints) < len(names):
+        return StepCost()
+    hidden, inter, heads, kv_heads, head_dim = ints
+    window = getattr(config, "sliding_window", None)
+    weights = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter  # a layer's
+    return StepCost(weights / (2 * heads * head_dim), window if isinstance(window, int) and window > 0 else None)
 
 
 class ModelRunner:

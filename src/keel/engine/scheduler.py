@@ -14,11 +14,20 @@ for thousands of steps and its long prompts take every prefill token, so the sch
   between two clients, so nothing bounces back and forth, and the engine stays work-conserving: one
   client alone still gets every slot (a fixed per-client cap would idle slots, and a client that
   already holds them all would still hold them until its streams end).
-- Prefill tokens: after one token per running decode, the step's budget is split max-min fair across
-  the clients with prompt work (one that needs less than an equal part takes what it needs, the rest go
-  to the others); a client's part goes to its prompts shortest first (the least mean time to first token;
-  only its own shorter prompts can delay a client's long one). A short prompt is computed whole in the
-  step it is admitted, however many long ones are being chunked: none waits for another's last chunk.
+- Prefill tokens: the step's budget counts token-equivalents (`StepCost`): a token costs its projections
+  (1) plus its attention over the positions before it, relative to the model's break-even context K (the
+  positions at which attention costs as much as the projections; from the model's shape), so a chunk of n
+  tokens from position p costs about n (1 + (p + n/2) / K): a chunk late in a long prompt is smaller than
+  an early one, and a step's FLOPs stay within the budget wherever its chunks start. Each running decode
+  computes its token and is charged 1 + context / K, at most S = max_num_seqs in all (what S decodes cost
+  without the attention term), so that long-context decodes never shrink the prompts' share below the
+  bound's. What is left is split max-min fair across the clients with prompt work (one that needs less
+  than an equal part takes what it needs, the rest go to the others); a client's part goes to its prompts
+  shortest first, as many tokens as it pays for (the least mean time to first token; only its own shorter
+  prompts can delay a client's long one), and its shortest prompt gets a token even when its part cannot
+  pay for one (progress). A short prompt is computed whole in the step it is admitted, however many long
+  ones are being chunked: none waits for another's last chunk. A step costs at most B equivalents, unless
+  its decodes cost more than S or a client's progress token costs more than its part.
 - Twins: a waiting sequence whose client already has a running sequence with the same prompt in prefill
   (the `n` choices of one request) waits for that prefill, then is admitted with the prompt's full blocks
   as prefix-cache hits, and with its prompt logprobs when both ask for the same number.
@@ -27,12 +36,14 @@ The bound, with S = max_num_seqs, B = max_num_batched_tokens and C clients with 
 from a client that holds no sequence is admitted at the first step after it arrives whenever another
 client holds two sequences or more (in particular when one holds every slot; when the pool is full too,
 as long as that client holds more blocks than the request needs), and from then on gets at least
-floor((B - S) / C) prompt tokens a step, shared by that client's prompts in prefill. So a new client's
-L-token prompt has its first token after at most ceil(L / floor((B - S) / C)) steps: with the defaults
-(S 64, B 256) and two clients, one step for L <= 96 (tests/engine/test_fairness.py)."""
+G = floor((B - S) / C) token-equivalents a step, shared by that client's prompts in prefill. Its L-token
+prompt's tokens cost at most 1 + L / K each, so it gets at least T = max(1, floor(G / (1 + L / K))) tokens
+a step and has its first token after at most ceil(L / T) steps: with the defaults (S 64, B 256), two
+clients and SmolLM2-135M's K, one step for L <= 94 (tests/engine/test_fairness.py, test_step_cost.py)."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +51,50 @@ from typing import Any
 
 from keel.engine.block_manager import BlockManager, PrefixHit
 from keel.engine.sequence import Sequence
+
+
+@dataclass(slots=True, frozen=True)
+class StepCost:
+    """What computing a token costs the step's budget, in token-equivalents: its projections (1) plus its
+    attention over the positions it attends to (its own and the earlier ones, at most `window`), divided by
+    `break_even`, the number of positions at which a token's attention costs as much as its projections.
+    None: tokens only (a model whose numbers are unknown). A chunk late in a long prompt costs more than an
+    early one of the same length, as its forward pass takes longer."""
+
+    break_even: float | None = None
+    window: int | None = None  # sliding-window attention: positions a token attends to at most
+
+    def __post_init__(self) -> None:
+        if self.break_even is not None and not (math.isfinite(self.break_even) and self.break_even > 0):
+            raise ValueError(f"StepCost: break_even must be a finite number > 0 or None, got {self.break_even}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"StepCost: window must be >= 1 or None, got {self.window}")
+
+    def _attended(self, end: int) -> int:
+        """Positions attended by the tokens at positions [0, end) together."""
+        w = self.window
+        if w is None or end <= w:
+            return end * (end + 1) // 2
+        return w * (w + 1) // 2 + (end - w) * w
+
+    def chunk(self, start: int, n: int) -> float:
+        """The cost of computing the tokens at positions [start, start + n)."""
+        if n <= 0:
+            return 0.0
+        if self.break_even is None:
+            return float(n)
+        return n + (self._attended(start + n) - self._attended(start)) / self.break_even
+
+    def fit(self, start: int, most: int, budget: float) -> int:
+        """The most tokens, up to `most`, from position `start` whose chunk costs at most `budget`."""
+        lo, hi = 0, max(0, min(most, math.floor(budget)))  # (a token costs at least 1)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.chunk(start, mid) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 @dataclass(slots=True)
@@ -96,9 +151,10 @@ class Scheduler:
     """Waiting requests queue by client (see the module doc); running ones decode one token per step. Each
     step first gives every running sequence room for its next token, preempting when the pool is out of
     blocks, then spends the step's token budget (`max_num_batched_tokens`) on the decodes (one token each),
-    then on prompts: new admissions and the next chunks of prompts admitted earlier, split fairly. A prompt
-    longer than its part is computed in chunks over the next steps (chunked prefill). An admitted sequence
-    holds blocks for all its tokens from its admission on.
+    then on prompts: new admissions and the next chunks of prompts admitted earlier, split fairly, each
+    token counted with its attention (`StepCost`). A prompt longer than its part is computed in chunks over
+    the next steps (chunked prefill). An admitted sequence holds blocks for all its tokens from its
+    admission on.
 
     The pool starts empty and grows on demand (at least doubling) up to `max_num_blocks`."""
 
@@ -110,6 +166,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_blocks: int,
         enable_prefix_caching: bool = True,
+        cost: StepCost | None = None,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(
@@ -118,6 +175,7 @@ class Scheduler:
             )
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.max_num_blocks = max_num_blocks
+        self.cost = cost or StepCost()  # what a token costs the step's budget (default: one each)
         self.block_manager = BlockManager(0, block_size, enable_prefix_caching=enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self._waiting_by: Counter[str | None] = Counter()  # waiting sequences per client (none: no key)
@@ -173,7 +231,11 @@ class Scheduler:
         decodes = [s for s in ready if s.num_new_tokens == 1][: self.max_num_batched_tokens]
         prompts = [s for s in ready if s.num_new_tokens > 1]
         self._admit_waiting(decodes, prompts, short)
-        counts = [1] * len(decodes) + self._split(prompts, self.max_num_batched_tokens - len(decodes))
+        # decodes are charged their cost, at most max_num_seqs (one each without the attention term): what is
+        # left for prompts never falls below the B - S of the fairness bound
+        decoding = math.ceil(sum(self.cost.chunk(s.num_computed_tokens, 1) for s in decodes))
+        budget = max(0, self.max_num_batched_tokens - min(decoding, self.max_num_seqs))
+        counts = [1] * len(decodes) + self._split(prompts, budget)
         picked = [(s, n) for s, n in zip(decodes + prompts, counts, strict=True) if n]
         if not picked and self.waiting:
             raise RuntimeError(
@@ -267,17 +329,24 @@ class Scheduler:
         return hit
 
     def _split(self, prompts: list[Sequence], budget: int) -> list[int]:
-        """Prompt tokens of each of `prompts` this step: `budget` max-min fair across clients, then each
-        client's part to its prompts shortest first."""
+        """Prompt tokens of each of `prompts` this step: `budget` token-equivalents max-min fair across
+        clients, then each client's part to its prompts shortest first, as many tokens as the part pays for.
+        A client's shortest prompt gets one token even when its part cannot pay for it (progress)."""
+        cost = self.cost
         groups: dict[str | None, list[int]] = {}
         for k, seq in enumerate(prompts):
             groups.setdefault(seq.client, []).append(k)
         counts = [0] * len(prompts)
-        needs = [sum(prompts[k].num_new_tokens for k in ks) for ks in groups.values()]
+        needs = [
+            math.ceil(sum(cost.chunk(prompts[k].num_computed_tokens, prompts[k].num_new_tokens) for k in ks))
+            for ks in groups.values()
+        ]
         for ks, grant in zip(groups.values(), water_fill(needs, budget), strict=True):
-            for k in sorted(ks, key=lambda k: prompts[k].num_new_tokens):
-                counts[k] = min(prompts[k].num_new_tokens, grant)
-                grant -= counts[k]
+            left = float(grant)
+            for i, k in enumerate(sorted(ks, key=lambda k: prompts[k].num_new_tokens)):
+                seq = prompts[k]
+                counts[k] = max(cost.fit(seq.num_computed_tokens, seq.num_new_tokens, left), int(i == 0))
+                left -= cost.chunk(seq.num_computed_tokens, counts[k])
         return counts
 
     def _victim(self, usage: Callable[[str | None], int], above: int = -1) -> Sequence | None:
