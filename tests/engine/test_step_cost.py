@@ -12,15 +12,15 @@ import pytest
 from support.native import needs_ops
 
 from keel.engine import LLMEngine, SamplingParams
-from keel.engine.model_runner import step_cost
+from keel.engine.model_runner import CPU_ATTENTION_SPEED, step_cost
 from keel.engine.scheduler import Scheduler, StepCost
 from keel.engine.sequence import Sequence
 
-# SmolLM2-135M's shape: a token's attention costs as much as its projections at about 3,072 positions
+# SmolLM2-135M's shape: a token's attention FLOPs equal its projections' at 3,072 positions (a third of that on a CPU)
 SMOLLM2 = SimpleNamespace(
     hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3, head_dim=64
 )
-K = step_cost(SMOLLM2).break_even
+K = step_cost(SMOLLM2, "cuda").break_even  # from FLOPs alone (the scheduler's tests take it as given)
 BUDGET, SLOTS = 256, 8
 
 
@@ -61,6 +61,7 @@ def cost_of(sched: Scheduler, work: dict[Sequence, tuple[int, int]]) -> float:
 
 def test_the_break_even_comes_from_the_models_shape():
     assert K == pytest.approx(3072.0)  # 2 x 3,538,944 weights a layer / (4 x 9 heads x 64)
+    assert step_cost(SMOLLM2).break_even == pytest.approx(K * CPU_ATTENTION_SPEED)  # attention's speed on a CPU
     assert step_cost(SimpleNamespace(hidden_size=576)) == StepCost()  # numbers missing: tokens only
     assert step_cost(SimpleNamespace(**vars(SMOLLM2), sliding_window=4096)).window == 4096
     cost = StepCost(K)

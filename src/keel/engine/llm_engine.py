@@ -78,7 +78,7 @@ class LLMEngine:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_num_blocks=max(1, cfg.max_kv_cache_bytes // self.runner.kv_bytes_per_block()),
             enable_prefix_caching=cfg.enable_prefix_caching,
-            cost=step_cost(self.config),
+            cost=step_cost(self.config, self.runner.device.type),
         )
         self._max_kv_cache_bytes = cfg.max_kv_cache_bytes
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids or self.config.eos_token_ids)

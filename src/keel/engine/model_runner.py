@@ -51,10 +51,17 @@ class StepResult:
         return out
 
 
-def step_cost(config: object) -> StepCost:
+# Attention's FLOP rate against the projections' on a CPU (keel's attention kernel against its GEMMs), fitted from
+# step times against chunk position by benchmarks/step_cost.py: docs/measurements/2026-12-07-hostile-probe.md.
+# Elsewhere (CUDA) not measured: FLOPs alone.
+CPU_ATTENTION_SPEED = 1 / 3
+
+
+def step_cost(config: object, device_type: str = "cpu") -> StepCost:
     """What a token costs the scheduler's step budget for a Llama-family model: per token, its projections
     take 2 FLOPs a weight and its attention 4 x layers x heads x head_dim FLOPs per attended position; their
-    ratio is the break-even context. Tokens only when a number is missing or not a positive int."""
+    ratio, times attention's relative speed on `device_type`, is the break-even context. Tokens only when a
+    number is missing or not a positive int."""
     names = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
     values = [getattr(config, name, None) for name in names]
     ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
@@ -63,7 +70,9 @@ def step_cost(config: object) -> StepCost:
     hidden, inter, heads, kv_heads, head_dim = ints
     window = getattr(config, "sliding_window", None)
     weights = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter  # a layer's
-    return StepCost(weights / (2 * heads * head_dim), window if isinstance(window, int) and window > 0 else None)
+    speed = CPU_ATTENTION_SPEED if device_type == "cpu" else 1.0
+    flops = weights / (2 * heads * head_dim)
+    return StepCost(flops * speed, window if isinstance(window, int) and window > 0 else None)
 
 
 class ModelRunner:
