@@ -114,9 +114,11 @@ def test_sigterm_lets_a_running_stream_finish(tiny_model):
 
 
 @pytest.mark.slow  # a second `keel serve` process (the drain within the timeout stays in the quick tier)
-def test_sigterm_past_the_shutdown_timeout_ends_the_stream_with_an_error(tiny_model):
-    # the non-streamed request asks for twice the stream's tokens: still running at the signal on a loaded host
-    events, seen, code = run_drain(tiny_model, shutdown_timeout=0, whole_tokens=100)
+def test_sigterm_past_the_shutdown_timeout_ends_the_stream_with_an_error(tool_model):
+    # the tiny model writes 8 x 100 tokens in about 0.3 s, sooner than the stream's first chunk can come: the
+    # non-streamed request takes 8 x 1,000 tokens (the tiny checkpoint with a 1,024-token context), still running
+    # at the signal
+    events, seen, code = run_drain(tool_model, shutdown_timeout=0, whole_tokens=1000)
     assert seen["health"] in (503, None)  # 503, or already gone (a 0 s drain ends at once)
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])

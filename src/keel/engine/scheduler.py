@@ -39,7 +39,8 @@ as long as that client holds more blocks than the request needs), and from then 
 G = floor((B - S) / C) token-equivalents a step, shared by that client's prompts in prefill. Its L-token
 prompt's tokens cost at most 1 + L / K each, so it gets at least T = max(1, floor(G / (1 + L / K))) tokens
 a step and has its first token after at most ceil(L / T) steps: with the defaults (S 64, B 256), two
-clients and SmolLM2-135M's K on a CPU (1,024), one step for L <= 88 (tests/engine/test_fairness.py, test_step_cost.py)."""
+clients and SmolLM2-135M's K on a CPU (1,024), one step for L <= 88 (tests/engine/test_fairness.py,
+test_step_cost.py)."""
 
 from __future__ import annotations
 
