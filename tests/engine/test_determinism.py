@@ -135,6 +135,7 @@ def smol(request, smollm2_fp32):
     return request.param, LLM(str(smollm2_fp32), dtype=request.param, device="cpu", progress=False)
 
 
+@pytest.mark.slow  # the real 135M model (docs/testing.md)
 @needs_smollm2
 def test_smollm2_prefix_cache_repeat_gives_the_same_logits(smol):
     _, llm = smol
@@ -149,6 +150,7 @@ def test_smollm2_prefix_cache_repeat_gives_the_same_logits(smol):
     check_prefix_cache_repeat(llm, longer, tok.encode("Hello there"))  # 2 tokens
 
 
+@pytest.mark.slow  # the real 135M model (docs/testing.md)
 @needs_smollm2
 def test_smollm2_alone_and_batched_give_the_same_logits(smol, smollm2_fp32):
     dtype, llm = smol

@@ -14,6 +14,8 @@ import pytest
 
 import keel
 
+pytestmark = pytest.mark.slow  # child pytest sessions, each importing torch and keel
+
 TESTS = Path(__file__).resolve().parents[1]  # on the probe's PYTHONPATH, for `support`
 PROBE = textwrap.dedent("""
     from support.native import keel_native_ops, needs_ops  # noqa: F401
