@@ -37,8 +37,14 @@ LANE_TESTS = [
 ]
 NEW_TOKENS = 4
 # SmolLM2's head size and grouping (head_dim 64, 3 query heads per KV head), two layers, a small vocabulary
-TINY = dict(vocab_size=512, hidden_size=192, intermediate_size=512, num_hidden_layers=2, num_attention_heads=3,
-            num_key_value_heads=1)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=192,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    num_key_value_heads=1,
+)
 # torch's CPUID probe sees the emulated model, the /proc/cpuinfo fallback the host: they differ by design here
 DESELECT = ["tests/test_compat.py::test_native_bf16_probe_fallback_agrees"]
 
