@@ -4,12 +4,11 @@ the AVX2 build, which widens them in registers), fp32 only on the baseline build
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import keel_dev.cpu
 import pytest
 import torch
+from keel_dev.forked import run_python
 
 from keel.engine.dtypes import default_dtype, resolve_dtype
 
@@ -35,6 +34,6 @@ def test_auto_follows_the_kernels_build():
     """The same CPU with its kernels capped at the baseline build (KEEL_CPU_ISA=base) stores fp32."""
     code = "import torch; from keel.engine.dtypes import default_dtype; print(default_dtype(torch.device('cpu')))"
     env = {**os.environ, "KEEL_CPU_ISA": "base"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = run_python(code, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "torch.float32"

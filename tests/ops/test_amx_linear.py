@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import keel_dev.cpu
 import pytest
 import torch
 import torch.nn.functional as F
+from keel_dev.forked import run_python
 from support.devices import assert_rounded_like
 
 from keel import ops
@@ -52,9 +52,7 @@ def _child(code: str, isa: str | None, tmp_path: Path) -> subprocess.CompletedPr
     if isa is not None:
         env["KEEL_CPU_ISA"] = isa
     # outside the checkout: `python -c` puts the working directory first on sys.path
-    return subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    return run_python(code, env=env, cwd=tmp_path, timeout=300)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 16, 17, 31, 32, 33, 70])

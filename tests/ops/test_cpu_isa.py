@@ -23,6 +23,7 @@ from pathlib import Path
 import keel_dev.cpu
 import pytest
 import torch
+from keel_dev.forked import run_python
 
 import keel  # noqa: F401  (loads torch.ops.keel)
 
@@ -72,15 +73,13 @@ def test_rounding_matches_torch_bit_for_bit(isa, tmp_path):
     if isa is not None:
         env["KEEL_CPU_ISA"] = isa
     # cwd outside the checkout: `python -c` puts the working directory first on sys.path
-    out = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
+    out = run_python(SCRIPT, env=env, timeout=120, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stdout + out.stderr
 
 
 def test_unknown_isa_is_refused_at_import(tmp_path):
     env = dict(os.environ, KEEL_CPU_ISA="avx9000")
-    out = subprocess.run(
+    out = subprocess.run(  # a real interpreter: the import itself must fail
         [sys.executable, "-c", "import keel"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert out.returncode != 0
@@ -135,9 +134,7 @@ def test_a_level_means_the_same_build_in_every_library(level, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KEEL_CPU_ISA"}
     if level is not None:
         env["KEEL_CPU_ISA"] = level
-    out = subprocess.run(
-        [sys.executable, "-c", LEVEL_SCRIPT], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
+    out = run_python(LEVEL_SCRIPT, env=env, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     keel_build, fork_build = expected_builds(level, _flags())

@@ -10,11 +10,10 @@ summed in another order would round differently in the last bit now and then, wh
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from keel_dev.forked import run_python
 from support.layouts import make
 
 from keel import ops
@@ -93,9 +92,7 @@ def test_silu_and_mul_same_bits_8_and_16_wide(tmp_path):
     digests = {}
     for level in ("avx2", "avx512"):
         env = {**os.environ, "KEEL_CPU_ISA": level}
-        done = subprocess.run(
-            [sys.executable, "-c", CHILD], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-        )
+        done = run_python(CHILD, env=env, cwd=tmp_path, timeout=300)
         assert done.returncode == 0, f"KEEL_CPU_ISA={level}:\n{done.stdout}{done.stderr}"
         digests[level] = done.stdout.split()
     assert digests["avx2"] == digests["avx512"], f"silu_and_mul: the AVX2 and AVX-512 builds differ: {digests}"

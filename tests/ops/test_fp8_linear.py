@@ -9,11 +9,10 @@ whose x is scaled per row by a power of two (tiny and huge rows included). Every
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from keel_dev.forked import run_python
 from support.devices import assert_rounded_like
 
 from keel import ops
@@ -267,7 +266,7 @@ def test_cpu_isa_paths(isa, tmp_path):
     # each build in a fresh process (the ISA is chosen once); outside the checkout, so the wheel is imported
     code = HELPERS + "\nprint(run_checks())\n"
     env = {**os.environ, "KEEL_CPU_ISA": isa}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    out = run_python(code, env=env, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import keel_dev.cpu
 import pytest
 import torch
+from keel_dev.forked import run_python
 from support.devices import assert_rounded_like
 
 from keel import ops
@@ -186,9 +186,7 @@ LEVELS = ["amx", "avx512", "auto"]
 
 def _child(isa: str, where) -> subprocess.CompletedProcess:
     env = {**os.environ, "KEEL_CPU_ISA": isa}
-    return subprocess.run(
-        [sys.executable, "-c", LEVEL_SCRIPT], env=env, cwd=where, capture_output=True, text=True, timeout=300
-    )
+    return run_python(LEVEL_SCRIPT, env=env, cwd=where, timeout=300)
 
 
 @pytest.fixture(scope="module")

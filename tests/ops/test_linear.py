@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from keel_dev.forked import run_python
 from support.devices import DEVICES, DTYPES, assert_rounded_like
 
 from keel import ops
@@ -79,8 +80,6 @@ def test_cpu_isa_paths(isa, tmp_path):
     # the baseline and AVX2-without-AVX512-BF16 kernels, in a fresh process (the ISA is chosen once);
     # run outside the checkout: `python -c` puts the working directory first on sys.path
     import os
-    import subprocess
-    import sys
 
     code = (
         "import torch, torch.nn.functional as F\n"
@@ -95,7 +94,7 @@ def test_cpu_isa_paths(isa, tmp_path):
         "print('ok')\n"
     )
     env = {**os.environ, "KEEL_CPU_ISA": isa}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    out = run_python(code, env=env, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
 
 

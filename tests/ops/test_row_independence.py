@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import keel_dev.cpu
 import pytest
+from keel_dev.forked import run_python
 
 FLAGS = keel_dev.cpu.flags()
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= FLAGS
@@ -127,9 +127,7 @@ print("ok" if not fails else "\n".join(fails))
 def _child(isa: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "KEEL_CPU_ISA": isa}
     # outside the checkout: `python -c` puts the working directory first on sys.path
-    return subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900
-    )
+    return run_python(CHILD, env=env, cwd=tmp_path, timeout=900)
 
 
 @pytest.mark.parametrize("isa, available", LEVELS, ids=[lv for lv, _ in LEVELS])

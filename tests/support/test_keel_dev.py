@@ -69,3 +69,35 @@ def test_a_server_that_exits_is_an_error_with_its_output(tmp_path):
     with pytest.raises(RuntimeError, match=r"keel serve exited with [1-9]") as err:
         start_server(["--model", str(tmp_path / "no-such-model")], timeout_s=120)
     assert "no-such-model" in str(err.value)  # the server's own message is in the error
+
+
+def test_forked_child_answers_as_python_c_would(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from keel_dev.forked import run_python
+
+    code = "import os, sys; print(sys.argv[1:], os.getcwd(), os.environ['KEEL_T']); print('e', file=sys.stderr)"
+    env = {**os.environ, "KEEL_CPU_ISA": "base"}
+    for value in ("1", "2"):  # as a fresh interpreter: argv, cwd, the environment, both streams
+        got = run_python(code, "a", "b", env={**env, "KEEL_T": value}, cwd=tmp_path, timeout=120)
+        want = subprocess.run(
+            [sys.executable, "-c", code, "a", "b"],
+            env={**env, "KEEL_T": value},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
+    # the level the parent imported keel with is the one the child's libraries run
+    level = run_python("from keel._native import cpu_isa_status; print(cpu_isa_status().level)", env=env)
+    assert level.stdout.strip() == "base"
+    assert run_python("import sys; sys.exit(3)", env=env).returncode == 3
+    failed = run_python("raise ValueError('boom')", env=env)
+    assert failed.returncode == 1 and "ValueError: boom" in failed.stderr
+    assert run_python("import os; os.kill(os.getpid(), 9)", env=env).returncode == -9
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python("import time; time.sleep(30)", env=env, timeout=0.5)
+    assert run_python("print('after')", env=env).stdout == "after\n"  # a killed child leaves the parent working

@@ -5,11 +5,10 @@ avx512, amx (the fork has no AMX kernels) and auto run its best build (the table
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import keel_dev.cpu
 import pytest
+from keel_dev.forked import run_python
 
 SCRIPT = r"""
 import hashlib, torch
@@ -52,7 +51,7 @@ def expected_runs(flags: set[str]) -> dict[str, str]:
 
 def _run(isa: str, cwd) -> str:
     env = dict(os.environ, KEEL_CPU_ISA=isa)
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=180, cwd=cwd)
+    out = run_python(SCRIPT, env=env, timeout=180, cwd=cwd)
     assert out.returncode == 0, f"KEEL_CPU_ISA={isa}: {out.stdout}{out.stderr[-3000:]}"
     return out.stdout.strip()
 

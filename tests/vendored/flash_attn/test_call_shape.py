@@ -13,12 +13,11 @@ build once per process: base, avx2, and auto = avx512 where the CPU has it).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import keel_dev.cpu
 import pytest
+from keel_dev.forked import run_python
 
 _TESTS = Path(__file__).resolve().parents[2]  # tests/: the child imports support.flash_attn_ref
 
@@ -116,7 +115,5 @@ def test_query_does_not_depend_on_the_call(isa, available, tmp_path):
         pytest.skip(f"this CPU has no {isa} build")
     env = {**os.environ, "KEEL_CPU_ISA": isa}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_TESTS), env.get("PYTHONPATH")) if p)
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900
-    )
+    out = run_python(CHILD, env=env, cwd=tmp_path, timeout=900)
     assert out.returncode == 0 and out.stdout.strip() == "ok", f"KEEL_CPU_ISA={isa}:\n{out.stdout}{out.stderr}"

@@ -4,14 +4,13 @@ build of the kernels (KEEL_CPU_ISA=base|avx2, and the best one) against the fp64
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import keel_dev.cpu
 import pytest
 import torch
+from keel_dev.forked import run_python
 from support.flash_attn_ref import cu, paged
 
 from keel.vendored.flash_attn import _ops
@@ -109,14 +108,7 @@ def test_every_cpu_build_matches_reference(isa, tmp_path):
     if isa:
         env["KEEL_CPU_ISA"] = isa
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH")) if p)  # `support`
-    out = subprocess.run(
-        [sys.executable, "-c", ISA_CHECK.format()],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env=env,
-    )
+    out = run_python(ISA_CHECK.format(), timeout=300, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     ran, status = out.stdout.split()
     assert ran == expected_isa(isa, keel_dev.cpu.flags()), f"KEEL_CPU_ISA={isa} ran the {ran} build"

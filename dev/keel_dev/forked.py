@@ -1,0 +1,171 @@
+"""`python -c CODE` in a child that starts with torch and keel already imported.
+
+Many tests run a script at each KEEL_CPU_ISA level in a fresh interpreter, because the level is read when keel's
+libraries load. Importing torch and keel is most of such a child's time, so `run_python` forks each child from a
+parent (one per environment, per test process) that has done the imports and nothing else: the child gets a fresh
+copy of that state, the same `os.environ`, `sys.argv` and working directory as `python -c`, and its exit status,
+stdout and stderr come back as a `subprocess.CompletedProcess`.
+
+The parent runs no torch op before it forks (an OpenMP pool does not survive a fork), and a script that must see
+an import fail (an unknown level, a broken library) still needs a real `subprocess.run`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# variables that change from test to test and are read by no library at import: not part of a parent's identity
+_VOLATILE = {"PYTEST_CURRENT_TEST"}
+_MAX_PARENTS = 4  # each holds torch's import (about 300 MB): the least recently used goes first
+
+_PARENT = r"""
+import json, os, sys, traceback
+import torch, keel  # the imports every child inherits; no torch op runs here
+proto_in = os.fdopen(os.dup(0), "r")
+proto_out = os.fdopen(os.dup(1), "w")
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1):
+    os.dup2(null, fd)
+
+def child(req):
+    proto_in.close()
+    proto_out.close()
+    for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+        f = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    sys.argv = ["-c", *req["args"]]
+    rc = 0
+    try:
+        exec(compile(req["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit as e:
+        if e.code is None:
+            rc = 0
+        elif isinstance(e.code, int):
+            rc = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            rc = 1
+    except BaseException:
+        traceback.print_exc()
+        rc = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(rc)
+
+for line in proto_in:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        child(req)
+    proto_out.write(json.dumps({"pid": pid}) + "\n")
+    proto_out.flush()
+    _, status = os.waitpid(pid, 0)
+    proto_out.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
+    proto_out.flush()
+"""
+
+
+class _Parent:
+    """One forking parent: a process started with `env` that has imported torch and keel."""
+
+    def __init__(self, env: dict[str, str]):
+        self.home = tempfile.mkdtemp(prefix="keel_forked_")  # its working directory: no checkout on sys.path
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _PARENT],
+            env=env,
+            cwd=self.home,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    def _answer(self, timeout: float | None) -> dict:
+        assert self.proc.stdout is not None
+        if timeout is not None:
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            if not ready:
+                raise TimeoutError
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the forking parent ended (exit {self.proc.wait()}): its imports failed?")
+        return json.loads(line)
+
+    def run(self, code: str, args: list[str], env: dict[str, str], cwd: str, timeout: float | None):
+        assert self.proc.stdin is not None
+        with tempfile.TemporaryDirectory(prefix="keel_forked_out_") as out:
+            paths = {name: str(Path(out, name)) for name in ("stdout", "stderr")}
+            for p in paths.values():
+                Path(p).touch()
+            req = {"code": code, "args": args, "env": env, "cwd": cwd, **paths}
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            pid = self._answer(None)["pid"]
+            try:
+                rc = self._answer(timeout)["rc"]
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                self._answer(None)
+                stdout, stderr = (Path(p).read_text(errors="replace") for p in paths.values())
+                raise subprocess.TimeoutExpired([sys.executable, "-c", code], timeout or 0, stdout, stderr) from None
+            stdout, stderr = (Path(p).read_text(errors="replace") for p in paths.values())
+        return subprocess.CompletedProcess([sys.executable, "-c", code, *args], rc, stdout, stderr)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        for p in Path(self.home).iterdir():
+            p.unlink()
+        os.rmdir(self.home)
+
+
+_parents: dict[tuple[tuple[str, str], ...], _Parent] = {}
+
+
+def run_python(
+    code: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess:
+    """What `subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, capture_output=True,
+    text=True, timeout=timeout)` returns, from a forked child (raises `subprocess.TimeoutExpired` likewise)."""
+    env = dict(os.environ if env is None else env)
+    key = tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE))
+    parent = _parents.pop(key, None)
+    if parent is None or parent.proc.poll() is not None:
+        if len(_parents) >= _MAX_PARENTS:
+            _parents.pop(next(iter(_parents))).close()
+        parent = _Parent(env)
+    _parents[key] = parent  # most recently used last
+    return parent.run(code, list(args), env, str(cwd or os.getcwd()), timeout)
+
+
+@atexit.register
+def _close_all() -> None:
+    while _parents:
+        _parents.popitem()[1].close()
