@@ -15,8 +15,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import select
-import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ _VOLATILE = {"PYTEST_CURRENT_TEST"}
 _MAX_PARENTS = 4  # each holds torch's import (about 300 MB): the least recently used goes first
 
 _PARENT = r"""
-import json, os, sys, traceback
+import json, os, select, signal, sys, traceback
 import torch, keel  # the imports every child inherits; no torch op runs here
 proto_in = os.fdopen(os.dup(0), "r")
 proto_out = os.fdopen(os.dup(1), "w")
@@ -72,10 +71,15 @@ for line in proto_in:
     pid = os.fork()
     if pid == 0:
         child(req)
-    proto_out.write(json.dumps({"pid": pid}) + "\n")
-    proto_out.flush()
+    timed_out = False
+    if req["timeout"] is not None:  # the child is killed here, where its pid cannot have been reused yet
+        exited = os.pidfd_open(pid)
+        if not select.select([exited], [], [], req["timeout"])[0]:
+            os.kill(pid, signal.SIGKILL)
+            timed_out = True
+        os.close(exited)
     _, status = os.waitpid(pid, 0)
-    proto_out.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
+    proto_out.write(json.dumps({"rc": os.waitstatus_to_exitcode(status), "timed_out": timed_out}) + "\n")
     proto_out.flush()
 """
 
@@ -95,36 +99,24 @@ class _Parent:
             bufsize=1,
         )
 
-    def _answer(self, timeout: float | None) -> dict:
-        assert self.proc.stdout is not None
-        if timeout is not None:
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-            if not ready:
-                raise TimeoutError
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the forking parent ended (exit {self.proc.wait()}): its imports failed?")
-        return json.loads(line)
-
     def run(self, code: str, args: list[str], env: dict[str, str], cwd: str, timeout: float | None):
-        assert self.proc.stdin is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        cmd = [sys.executable, "-c", code, *args]
         with tempfile.TemporaryDirectory(prefix="keel_forked_out_") as out:
-            paths = {name: str(Path(out, name)) for name in ("stdout", "stderr")}
-            for p in paths.values():
-                Path(p).touch()
-            req = {"code": code, "args": args, "env": env, "cwd": cwd, **paths}
-            self.proc.stdin.write(json.dumps(req) + "\n")
+            paths = {name: Path(out, name) for name in ("stdout", "stderr")}
+            for path in paths.values():
+                path.touch()
+            req = {"code": code, "args": args, "env": env, "cwd": cwd, "timeout": timeout}
+            self.proc.stdin.write(json.dumps(req | {k: str(v) for k, v in paths.items()}) + "\n")
             self.proc.stdin.flush()
-            pid = self._answer(None)["pid"]
-            try:
-                rc = self._answer(timeout)["rc"]
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                self._answer(None)
-                stdout, stderr = (Path(p).read_text(errors="replace") for p in paths.values())
-                raise subprocess.TimeoutExpired([sys.executable, "-c", code], timeout or 0, stdout, stderr) from None
-            stdout, stderr = (Path(p).read_text(errors="replace") for p in paths.values())
-        return subprocess.CompletedProcess([sys.executable, "-c", code, *args], rc, stdout, stderr)
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the forking parent ended (exit {self.proc.wait()}): its imports failed?")
+            answer = json.loads(line)
+            stdout, stderr = (path.read_text(errors="replace") for path in paths.values())
+        if answer["timed_out"]:
+            raise subprocess.TimeoutExpired(cmd, timeout or 0, stdout, stderr)
+        return subprocess.CompletedProcess(cmd, answer["rc"], stdout, stderr)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -137,9 +129,7 @@ class _Parent:
                 self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        for p in Path(self.home).iterdir():
-            p.unlink()
-        os.rmdir(self.home)
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 _parents: dict[tuple[tuple[str, str], ...], _Parent] = {}
