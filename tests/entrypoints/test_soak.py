@@ -38,6 +38,8 @@ def test_short_soak_meets_every_goal(tiny_model, tmp_path):
     argv += ["--deadline", "60", "--idle-timeout", "30", "--json", str(tmp_path / "soak.json")]
     proc = subprocess.run([sys.executable, str(SOAK), *argv], capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    # exit 1 is also an uncaught exception: then there is no JSON, and the soak's own output says why
+    assert (tmp_path / "soak.json").exists(), proc.stdout[-3000:] + proc.stderr[-5000:]
     result = json.loads((tmp_path / "soak.json").read_text())
     figures, failed = result["figures"], [goal for goal, ok in result["goals"].items() if not ok]
     assert not failed, f"soak goals failed: {failed}; failures {result['failures'][:5]}; {figures}"
