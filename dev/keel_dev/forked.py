@@ -1,10 +1,11 @@
-"""`python -c CODE` in a child that starts with torch and keel already imported.
+"""`python -c CODE` in a child that starts with torch already imported.
 
 Many tests run a script at each KEEL_CPU_ISA level in a fresh interpreter, because the level is read when keel's
-libraries load. Importing torch and keel is most of such a child's time, so `run_python` forks each child from a
-parent (one per environment, per test process) that has done the imports and nothing else: the child gets a fresh
-copy of that state, the same `os.environ`, `sys.argv` and working directory as `python -c`, and its exit status,
-stdout and stderr come back as a `subprocess.CompletedProcess`.
+libraries load. Importing torch is most of such a child's time, so `run_python` forks each child from a parent
+(one per environment, keel's own variables aside, per test process) that has imported torch and nothing else:
+the child gets a fresh copy of that state, the same `os.environ`, `sys.argv` and working directory as
+`python -c`, imports keel itself (so it reads its own KEEL_* settings), and its exit status, stdout and stderr
+come back as a `subprocess.CompletedProcess`.
 
 The parent runs no torch op before it forks (an OpenMP pool does not survive a fork), and a script that must see
 an import fail (an unknown level, a broken library) still needs a real `subprocess.run`.
@@ -21,13 +22,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-# variables that change from test to test and are read by no library at import: not part of a parent's identity
+# variables the parent's imports never read: not part of its identity (keel's own are read in the child, which
+# imports keel after its environment is set)
 _VOLATILE = {"PYTEST_CURRENT_TEST"}
+_VOLATILE_PREFIX = "KEEL_"
 _MAX_PARENTS = 4  # each holds torch's import (about 300 MB): the least recently used goes first
 
 _PARENT = r"""
 import json, os, select, signal, sys, traceback
-import torch, keel  # the imports every child inherits; no torch op runs here
+import torch  # the import every child inherits; no torch op runs here, keel is not imported
 proto_in = os.fdopen(os.dup(0), "r")
 proto_out = os.fdopen(os.dup(1), "w")
 null = os.open(os.devnull, os.O_RDWR)
@@ -85,7 +88,7 @@ for line in proto_in:
 
 
 class _Parent:
-    """One forking parent: a process started with `env` that has imported torch and keel."""
+    """One forking parent: a process started with `env` that has imported torch."""
 
     def __init__(self, env: dict[str, str]):
         self.home = tempfile.mkdtemp(prefix="keel_forked_")  # its working directory: no checkout on sys.path
@@ -145,7 +148,7 @@ def run_python(
     """What `subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, capture_output=True,
     text=True, timeout=timeout)` returns, from a forked child (raises `subprocess.TimeoutExpired` likewise)."""
     env = dict(os.environ if env is None else env)
-    key = tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE))
+    key = tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE and not k.startswith(_VOLATILE_PREFIX)))
     parent = _parents.pop(key, None)
     if parent is None or parent.proc.poll() is not None:
         if len(_parents) >= _MAX_PARENTS:

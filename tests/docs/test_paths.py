@@ -14,6 +14,7 @@ says so once with `paths-of: <that tree>` in a comment (an HTML comment in a pag
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import subprocess
@@ -107,7 +108,11 @@ def prose(path: Path) -> Iterator[tuple[int, str]]:
                 yield i, line[line.index("#") :]
 
 
-PROSE = {path.relative_to(ROOT).as_posix(): list(prose(path)) for path in _files()}
+@functools.cache
+def all_prose() -> dict[str, list[tuple[int, str]]]:
+    """Every checked file's prose by its path from the root; read once per process, when a test needs it
+    (not at collection, which every worker repeats)."""
+    return {path.relative_to(ROOT).as_posix(): list(prose(path)) for path in _files()}
 
 
 def _bases(rel: str) -> list[Path]:
@@ -131,7 +136,7 @@ def _exists(named: str, rel: str) -> bool:
 
 
 def _named_paths() -> Iterator[tuple[str, int, str | None, str]]:
-    for rel, lines in PROSE.items():
+    for rel, lines in all_prose().items():
         if any("paths-of:" in line for _, line in lines):
             continue
         for number, line in lines:
@@ -146,13 +151,14 @@ def _named_paths() -> Iterator[tuple[str, int, str | None, str]]:
 def test_the_checkout_is_read():
     if not (ROOT / "src" / "keel").is_dir():
         pytest.skip("not a source checkout")
-    assert len(PROSE) > 300 and "csrc/ops/fp8_linear.cpp" in PROSE
+    prose_by_path = all_prose()
+    assert len(prose_by_path) > 300 and "csrc/ops/fp8_linear.cpp" in prose_by_path
 
 
 def test_no_tracker_references():
     found = [
         f"{rel}:{number}: {m.group(0)!r} in {line.strip()[:90]!r}"
-        for rel, lines in PROSE.items()
+        for rel, lines in all_prose().items()
         for number, line in lines
         for m in TRACKER.finditer(line)
     ]

@@ -91,9 +91,13 @@ def test_forked_child_answers_as_python_c_would(tmp_path):
             timeout=120,
         )
         assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
-    # the level the parent imported keel with is the one the child's libraries run
-    level = run_python("from keel._native import cpu_isa_status; print(cpu_isa_status().level)", env=env)
-    assert level.stdout.strip() == "base"
+    # keel is not imported yet (as in a fresh interpreter): each child reads its own KEEL_* settings, and
+    # environments that differ only in them share one parent
+    probe = "import os, sys; print('keel' in sys.modules, os.getppid())\n"
+    probe += "from keel._native import cpu_isa_status; print(cpu_isa_status().level)"
+    answers = [run_python(probe, env={**env, "KEEL_CPU_ISA": level}).stdout.split() for level in ("base", "avx2")]
+    assert [a[0] for a in answers] == ["False", "False"] and [a[2] for a in answers] == ["base", "avx2"], answers
+    assert answers[0][1] == answers[1][1], "two levels, two parents: every child pays torch's import again"
     assert run_python("import sys; sys.exit(3)", env=env).returncode == 3
     failed = run_python("raise ValueError('boom')", env=env)
     assert failed.returncode == 1 and "ValueError: boom" in failed.stderr
