@@ -85,12 +85,9 @@ except RuntimeError as exc:
     ],
 )
 def test_cuda_torch_without_cuda_library(tmp_path, mode, reason):
-    import subprocess
-    import sys
+    from keel_dev.forked import run_python
 
-    out = subprocess.run(
-        [sys.executable, "-c", CUDA_TORCH_SCRIPT, mode], capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
+    out = run_python(CUDA_TORCH_SCRIPT, mode, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert re.search(
         r"keel::rms_norm: got a CUDA tensor, but the CUDA kernels of this op are not available: "

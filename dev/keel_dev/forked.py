@@ -7,8 +7,9 @@ the child gets a fresh copy of that state, the same `os.environ`, `sys.argv` and
 `python -c`, imports keel itself (so it reads its own KEEL_* settings), and its exit status, stdout and stderr
 come back as a `subprocess.CompletedProcess`.
 
-The parent runs no torch op before it forks (an OpenMP pool does not survive a fork), and a script that must see
-an import fail (an unknown level, a broken library) still needs a real `subprocess.run`.
+The parent runs no torch op before it forks (an OpenMP pool does not survive a fork). A child may see keel's
+import fail (an unknown level, a broken library); a script that must see torch's own import differ needs a real
+`subprocess.run`.
 """
 
 from __future__ import annotations

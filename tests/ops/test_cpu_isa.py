@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import keel_dev.cpu
@@ -79,9 +77,7 @@ def test_rounding_matches_torch_bit_for_bit(isa, tmp_path):
 
 def test_unknown_isa_is_refused_at_import(tmp_path):
     env = dict(os.environ, KEEL_CPU_ISA="avx9000")
-    out = subprocess.run(  # a real interpreter: the import itself must fail
-        [sys.executable, "-c", "import keel"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
+    out = run_python("import keel", env=env, timeout=120, cwd=tmp_path)  # the child imports keel itself
     assert out.returncode != 0
     assert "KEEL_CPU_ISA='avx9000'" in out.stderr and "auto, base, avx2, avx512, amx" in out.stderr, out.stderr
 
@@ -175,14 +171,7 @@ def test_an_unknown_level_is_refused_by_every_library(tmp_path):
     import keel
 
     env = dict(os.environ, KEEL_CPU_ISA="avx9000")
-    out = subprocess.run(
-        [sys.executable, "-c", DIRECT_SCRIPT, str(Path(keel.__file__).parent)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    out = run_python(DIRECT_SCRIPT, str(Path(keel.__file__).parent), env=env, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["status"] == -1  # keel_cpu_isa_status: "unknown level", nothing filled in

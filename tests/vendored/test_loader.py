@@ -3,11 +3,10 @@ twin leaves the CPU ops working while CUDA calls get an error naming the op and 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from keel_dev.forked import run_python
 
 from keel.vendored import VendoredLibraryError, _loader, load_vendored
 
@@ -26,7 +25,7 @@ def test_broken_library_gives_loader_reason(tmp_path):
 
 def test_import_keel_does_not_load_vendored_libraries(tmp_path):
     code = "import keel, keel.vendored._loader as l; print(sorted(l.loaded_vendored()))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = run_python(code, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -65,7 +64,7 @@ def test_missing_cuda_twin_keeps_cpu_and_refuses_cuda(tmp_path):
                     raise AssertionError("no error")
         print("OK", len(libs))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = run_python(code, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     if out.stdout.startswith("SKIP"):
         pytest.skip(out.stdout.strip())
