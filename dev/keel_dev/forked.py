@@ -159,6 +159,29 @@ def run_python(
     return parent.run(code, list(args), env, str(cwd or os.getcwd()), timeout)
 
 
+_SCRIPT = """
+import os, runpy, sys
+path = sys.argv[1]
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(path))
+runpy.run_path(path, run_name="__main__")
+"""
+
+
+def run_script(
+    path: str | os.PathLike[str],
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess:
+    """What `python PATH ARGS...` returns (the script's folder first on `sys.path`, `sys.argv[0]` its path), from
+    a forked child as `run_python` runs one."""
+    done = run_python(_SCRIPT, str(path), *args, env=env, cwd=cwd, timeout=timeout)
+    done.args = [sys.executable, str(path), *args]
+    return done
+
+
 @atexit.register
 def _close_all() -> None:
     while _parents:

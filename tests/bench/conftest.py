@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from keel_dev.checkpoints import write_random_llama
+from keel_dev.forked import run_script
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -23,10 +23,10 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def run_bench() -> Callable[..., subprocess.CompletedProcess]:
-    """run_bench(script, *args): benchmarks/<script> with this interpreter (the installed keel), output captured."""
+    """run_bench(script, *args): `python benchmarks/<script> ARGS` with this interpreter (the installed keel), output
+    captured; forked from a parent that has imported torch (keel_dev.forked)."""
 
     def run(script: str, *args: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, str(BENCH / script), *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        return run_script(BENCH / script, *args, timeout=300)
 
     return run

@@ -105,3 +105,27 @@ def test_forked_child_answers_as_python_c_would(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         run_python("import time; time.sleep(30)", env=env, timeout=0.5)
     assert run_python("print('after')", env=env).stdout == "after\n"  # a killed child leaves the parent working
+
+
+def test_forked_script_answers_as_python_path_would(tmp_path):
+    import subprocess
+    import sys
+
+    from keel_dev.forked import run_script
+
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    (folder / "helper.py").write_text("NAME = 'helper'\n")
+    script = folder / "s.py"
+    script.write_text(
+        "import os, sys, helper\n"  # the script's folder is first on sys.path
+        "print(__name__, os.path.basename(__file__), sys.argv, helper.NAME, sys.path[0] == os.path.dirname(__file__))\n"
+        "sys.exit(int(sys.argv[1]))\n"
+    )
+    for code in ("0", "4"):
+        got = run_script(script, code, "x", cwd=tmp_path, timeout=120)
+        want = subprocess.run(
+            [sys.executable, str(script), code, "x"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr)
+        assert got.args == want.args
