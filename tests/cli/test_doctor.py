@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from keel_dev.forked import run_python, run_script
 
 from keel.cli import doctor
 
@@ -109,7 +108,7 @@ def test_runs_by_path_without_importing_keel() -> None:
         "except SystemExit as e:\n    pass\n"
         "assert not [m for m in sys.modules if m == 'keel' or m.startswith('keel.')], 'keel imported'\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    done = run_python(code, cwd="/", timeout=300)  # a child that has not imported keel, as `python -c`
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["ok"] is True and report["torch_version"] == torch.__version__
@@ -123,9 +122,7 @@ def test_cli_verb_exit_code(capsys: pytest.CaptureFixture[str], quick: None) -> 
 
 
 def _by_path(env: dict[str, str]) -> dict:
-    done = subprocess.run(
-        [sys.executable, doctor.__file__, "--json", "--no-load"], capture_output=True, text=True, cwd="/", env=env
-    )
+    done = run_script(doctor.__file__, "--json", "--no-load", cwd="/", env=env, timeout=300)
     assert done.returncode in (0, 1), done.stderr
     return json.loads(done.stdout)
 
