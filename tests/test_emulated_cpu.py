@@ -9,9 +9,9 @@ describes the host there, so the lane tells the tests the model's flags (keel_de
 without AVX-512 the suite itself is that lane and this test skips (KEEL_TEST_EMULATED=1 runs it anyway).
 
 `keel generate` runs a small random checkpoint with SmolLM2's head layout, not the demo model: qemu's TCG
-computes SSE/AVX floating point in software (torch's fp32 linear at about 16 MFLOP/s on a Xeon host), and the
-docs' command on SmolLM2-135M took 340 s there (prefill of 37 tokens 245 s). The same CLI, engine, kernels and
-ISA dispatch run; only the weights are smaller.
+computes SSE/AVX floating point in software, too slowly for the demo model within a test (measured:
+docs/measurements/2026-12-07-suite-time-amx.md). The same CLI, engine, kernels and ISA dispatch run; only the
+weights are smaller.
 """
 
 from __future__ import annotations

@@ -23,11 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-# variables the parent's imports never read: not part of its identity (keel's own are read in the child, which
-# imports keel after its environment is set)
-_VOLATILE = {"PYTEST_CURRENT_TEST"}
-_VOLATILE_PREFIX = "KEEL_"
-_MAX_PARENTS = 4  # each holds torch's import (about 300 MB): the least recently used goes first
+_MAX_PARENTS = 4  # each holds a copy of torch's import in memory: the least recently used goes first
 
 _PARENT = r"""
 import json, os, select, signal, sys, traceback
@@ -139,6 +135,12 @@ class _Parent:
 _parents: dict[tuple[tuple[str, str], ...], _Parent] = {}
 
 
+def _identity(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The part of `env` the parent's imports can read: not pytest's per-test variable, not keel's own settings
+    (the child reads those when it imports keel, after its environment is set)."""
+    return tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST" and not k.startswith("KEEL_")))
+
+
 def run_python(
     code: str,
     *args: str,
@@ -149,7 +151,7 @@ def run_python(
     """What `subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, capture_output=True,
     text=True, timeout=timeout)` returns, from a forked child (raises `subprocess.TimeoutExpired` likewise)."""
     env = dict(os.environ if env is None else env)
-    key = tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE and not k.startswith(_VOLATILE_PREFIX)))
+    key = _identity(env)
     parent = _parents.pop(key, None)
     if parent is None or parent.proc.poll() is not None:
         if len(_parents) >= _MAX_PARENTS:

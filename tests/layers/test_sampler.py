@@ -324,23 +324,19 @@ def test_filtered_draw_follows_min_p_top_k_top_p(monkeypatch, top_k, top_p, min_
     ref = sampler.apply_min_p(row[None].clone(), torch.tensor([min_p]))[0] if min_p else row.clone()
     p = sampler.filter_top_k_top_p(ref, top_k, top_p).softmax(-1)
 
-    real_draw, seen = sampler.draw, []
+    real_draw, seen, position = sampler.draw, [], [0]
 
-    def answer(position):  # `draw` answering `position` of the candidates it was handed
-        def fake(weights, generators):
-            seen.append(weights[0].clone())
-            return [position]
+    def fake(weights, generators):  # `draw` answering `position` of the candidates it was handed
+        seen.append(weights[0].clone())
+        return [position[0]]
 
-        return fake
-
-    monkeypatch.setattr(sampler, "draw", answer(0))
-    sampler.draw_filtered(row, top_k, top_p, min_p, None)
-    weights = seen[0]
+    monkeypatch.setattr(sampler, "draw", fake)
     q = torch.zeros(600, dtype=torch.float64)
-    for position in range(len(weights)):
-        monkeypatch.setattr(sampler, "draw", answer(position))
-        q[sampler.draw_filtered(row, top_k, top_p, min_p, None)] += float(weights[position]) / float(weights.sum())
-    assert all(torch.equal(w, weights) for w in seen)
+    while not seen or position[0] < len(seen[0]):
+        token = sampler.draw_filtered(row, top_k, top_p, min_p, None)
+        q[token] += float(seen[0][position[0]]) / float(seen[0].sum())
+        position[0] += 1
+    assert all(torch.equal(w, seen[0]) for w in seen)
     assert torch.equal(q > 0, p > 0) and torch.allclose(q, p.double(), rtol=0, atol=1e-6), (q - p).abs().max()
 
     monkeypatch.setattr(sampler, "draw", real_draw)
